@@ -1,0 +1,121 @@
+"""The ``prime-traces`` command line: ``serve`` runs the local Traces service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from prime_traces._version import __version__
+
+SERVE_API_KEY_ENV = "PRIME_TRACES_SERVE_API_KEY"
+DEFAULT_DB_PATH = "prime-traces.db"
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the local Traces service",
+        description=(
+            "Run the local Traces service (SQLite). Prints one line, "
+            "'listening on http://HOST:PORT', when ready; stops on SIGTERM or SIGINT."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (default: 0)")
+    p.add_argument("--db", default=DEFAULT_DB_PATH, help=f"SQLite file (default: ./{DEFAULT_DB_PATH})")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' (or set {SERVE_API_KEY_ENV}); "
+        "without it any bearer token is accepted, each counted as its own producer",
+    )
+    p.add_argument("--max-uploads-in-flight", type=int, default=8,
+                   help="per-credential limit; past it uploads get 503 (default: 8)")  # fmt: skip
+    p.add_argument("--store", choices=("sqlite", "none"), default="sqlite",
+                   help="'none' runs every check but keeps no documents (default: sqlite)")  # fmt: skip
+    p.add_argument("--validate", choices=("full", "light"), default="full",
+                   help="'light': digest, decoding and line counts only; needs --store none")  # fmt: skip
+    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted")
+    p.add_argument("--saturated-retry-after-s", type=float, default=1.0,
+                   help="Retry-After sent with 503 writer_pool_saturated (default: 1)")  # fmt: skip
+    f = p.add_argument_group("fault injection")
+    f.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
+    f.add_argument("--bandwidth-mb-s", type=float, default=None, help="cap on reading each body")
+    f.add_argument("--fail-fraction", type=float, default=0.0, help="fraction of uploads refused")
+    f.add_argument("--fail-count", type=int, default=0, help="refuse the next N uploads")
+    f.add_argument("--fail-status", type=int, choices=(429, 503), default=503)
+    f.add_argument("--fail-retry-after-s", type=float, default=1.0)
+    f.add_argument("--reject-marker", default=None, help="400 invalid_trace for lines containing it")
+    f.add_argument("--reject-omit-line", action="store_true", help="leave line and id out of 400s")
+    f.add_argument("--hang-uploads", action="store_true", help="never answer uploads")
+    f.add_argument("--drop-after-body", type=int, default=0,
+                   help="close the next N upload connections after reading the body")  # fmt: skip
+    f.add_argument("--drop-before-commit", action="store_true",
+                   help="with --drop-after-body: drop before committing (default: after)")  # fmt: skip
+    p.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from prime_traces.server import LocalTracesService
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = args.api_key or os.environ.get(SERVE_API_KEY_ENV) or None
+    options: dict[str, Any] = dict(
+        host=args.host, port=args.port, api_key=api_key,
+        max_uploads_in_flight=args.max_uploads_in_flight, store=args.store,
+        validate=args.validate, saturated_retry_after_s=args.saturated_retry_after_s,
+        latency_ms=args.latency_ms, bandwidth_mb_s=args.bandwidth_mb_s,
+        fail_fraction=args.fail_fraction, fail_count=args.fail_count,
+        fail_status=args.fail_status, fail_retry_after_s=args.fail_retry_after_s,
+        reject_marker=args.reject_marker, reject_omit_line=args.reject_omit_line,
+        hang_uploads=args.hang_uploads, drop_after_body=args.drop_after_body,
+        drop_after_commit=not args.drop_before_commit,
+    )  # fmt: skip
+    if args.max_body_bytes is not None:
+        options["max_body_bytes"] = args.max_body_bytes
+    try:
+        service = LocalTracesService(args.db, **options)
+        service.start()
+    except (ValueError, OSError) as err:
+        print(f"prime-traces serve: {err}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"listening on {service.url}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        service.stop()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prime-traces", description="Prime Traces client and local service.")
+    parser.add_argument("--version", action="version", version=f"prime-traces {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_serve(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

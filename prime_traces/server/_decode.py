@@ -1,0 +1,166 @@
+"""Parsing an upload body: multipart parts and bounded decompression.
+
+Decompression never allocates more than the limit plus one chunk, so a
+gzip or zstd bomb is refused as ``upload_too_large`` without being inflated.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import zstandard
+
+from prime_traces.errors import ErrorCode
+from prime_traces.server._http import ACCEPT_ENCODING, HTTPError
+
+_CHUNK_BYTES = 4 * 1024 * 1024
+_ZSTD_STEP_BYTES = 1024
+
+
+@dataclass
+class Part:
+    """One multipart part: lower-cased headers, the form field name, the bytes."""
+
+    headers: dict[str, str]
+    name: str | None
+    filename: str | None
+    body: memoryview
+
+
+def boundary_of(content_type: str | None) -> bytes:
+    """The boundary of a ``multipart/form-data`` Content-Type."""
+    if not content_type:
+        raise HTTPError(400, ErrorCode.INVALID_METADATA, "Content-Type multipart/form-data is required")
+    kind, _, rest = content_type.partition(";")
+    if kind.strip().lower() != "multipart/form-data":
+        raise HTTPError(400, ErrorCode.INVALID_METADATA, f"expected multipart/form-data, got {kind.strip()!r}")
+    for param in rest.split(";"):
+        key, _, value = param.strip().partition("=")
+        if key.lower() == "boundary" and value:
+            return value.strip('"').encode("latin-1")
+    raise HTTPError(400, ErrorCode.INVALID_METADATA, "multipart Content-Type has no boundary")
+
+
+def _disposition(value: str) -> tuple[str | None, str | None]:
+    name = filename = None
+    for param in value.split(";")[1:]:
+        key, _, raw = param.strip().partition("=")
+        raw = raw.strip()
+        if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+            raw = raw[1:-1]
+        if key.lower() == "name":
+            name = raw
+        elif key.lower() == "filename":
+            filename = raw
+    return name, filename
+
+
+def parse_multipart(body: bytes, boundary: bytes) -> list[Part]:
+    """Split a multipart body into parts without copying their contents."""
+    view = memoryview(body)
+    delimiter = b"--" + boundary
+    pos = body.find(delimiter)
+    if pos < 0:
+        raise HTTPError(400, ErrorCode.INVALID_METADATA, "multipart body has no boundary line")
+    parts: list[Part] = []
+    pos += len(delimiter)
+    while True:
+        if body.startswith(b"--", pos):
+            return parts
+        if not body.startswith(b"\r\n", pos):
+            raise HTTPError(400, ErrorCode.INVALID_METADATA, "malformed multipart boundary line")
+        head_end = body.find(b"\r\n\r\n", pos + 2)
+        if head_end < 0:
+            raise HTTPError(400, ErrorCode.INVALID_METADATA, "multipart part has no header end")
+        headers: dict[str, str] = {}
+        for raw_line in body[pos + 2 : head_end].split(b"\r\n"):
+            key, sep, value = raw_line.decode("latin-1").partition(":")
+            if not sep:
+                raise HTTPError(400, ErrorCode.INVALID_METADATA, "malformed multipart part header")
+            headers[key.strip().lower()] = value.strip()
+        start = head_end + 4
+        end = body.find(b"\r\n" + delimiter, start)
+        if end < 0:
+            raise HTTPError(400, ErrorCode.INVALID_METADATA, "multipart part is not terminated")
+        name, filename = _disposition(headers.get("content-disposition", ""))
+        parts.append(Part(headers, name, filename, view[start:end]))
+        pos = end + 2 + len(delimiter)
+
+
+def decode_part(data: memoryview, coding: str | None, limit_bytes: int) -> bytes:
+    """Undo the part's Content-Encoding, refusing output past ``limit_bytes``.
+
+    An unknown coding is 415 with ``Accept-Encoding`` (contract §9); a broken
+    stream is 400 ``malformed_encoding``; too much output is 400
+    ``upload_too_large``.
+    """
+    coding = (coding or "identity").strip().lower()
+    if coding == "identity":
+        if len(data) > limit_bytes:
+            raise _too_large(limit_bytes)
+        return bytes(data)
+    if coding in ("gzip", "x-gzip"):
+        return _gunzip(data, limit_bytes)
+    if coding == "zstd":
+        return _unzstd(data, limit_bytes)
+    raise HTTPError(
+        415,
+        ErrorCode.UNSUPPORTED_CONTENT_ENCODING,
+        f"Content-Encoding {coding!r} is not accepted; use one of: {ACCEPT_ENCODING}",
+        headers={"Accept-Encoding": ACCEPT_ENCODING},
+    )
+
+
+def _too_large(limit_bytes: int) -> HTTPError:
+    return HTTPError(
+        400, ErrorCode.UPLOAD_TOO_LARGE,
+        f"the traces part is over {limit_bytes} bytes uncompressed; send smaller batches",
+    )  # fmt: skip
+
+
+def _gunzip(data: memoryview, limit_bytes: int) -> bytes:
+    out = bytearray()
+    pending: bytes | memoryview = data
+    try:
+        while pending:
+            inflater = zlib.decompressobj(wbits=31)
+            out += inflater.decompress(pending, _CHUNK_BYTES)
+            while not inflater.eof:
+                if len(out) > limit_bytes:
+                    raise _too_large(limit_bytes)
+                if not inflater.unconsumed_tail:
+                    # All input consumed: what zlib still holds is at most its window.
+                    out += inflater.flush()
+                    break
+                out += inflater.decompress(inflater.unconsumed_tail, _CHUNK_BYTES)
+            if len(out) > limit_bytes:
+                raise _too_large(limit_bytes)
+            if not inflater.eof:
+                raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, "gzip stream is truncated")
+            pending = inflater.unused_data
+    except zlib.error as err:
+        raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"bad gzip data: {err}") from None
+    return bytes(out)
+
+
+def _unzstd(data: memoryview, limit_bytes: int) -> bytes:
+    # Fed in small slices: one zstd input byte can stand for ~32 KiB of output
+    # (RLE blocks), so a 1 KiB slice bounds each step's output to ~32 MiB.
+    out = bytearray()
+    pos, size = 0, len(data)
+    dctx = zstandard.ZstdDecompressor()
+    try:
+        while pos < size:
+            frame = dctx.decompressobj()
+            while not frame.eof and pos < size:
+                out += frame.decompress(data[pos : pos + _ZSTD_STEP_BYTES])
+                pos += _ZSTD_STEP_BYTES
+                if len(out) > limit_bytes:
+                    raise _too_large(limit_bytes)
+            if not frame.eof:
+                raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, "zstd stream is truncated")
+            pos -= len(frame.unused_data)
+    except zstandard.ZstdError as err:
+        raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"bad zstd data: {err}") from None
+    return bytes(out)

@@ -1,0 +1,190 @@
+"""Fault injection, counters and the per-credential in-flight limit.
+
+Everything here can be changed while the service runs: tests and benchmarks
+hold the :class:`Faults` object of a running service and set its fields; each
+request reads them afresh.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_UPLOADS_IN_FLIGHT = 8
+DEFAULT_SATURATED_RETRY_AFTER_S = 1.0
+
+
+@dataclass
+class Faults:
+    """What the service does wrong on purpose.
+
+    - ``latency_ms``: added to every request before it is answered.
+    - ``bandwidth_mb_s``: cap on how fast each request body is read.
+    - ``fail_fraction`` / ``fail_count``: uploads answered ``fail_status``
+      (429 or 503) with ``Retry-After: fail_retry_after_s`` — the next
+      ``fail_count`` uploads, then a ``fail_fraction`` of the rest (seeded).
+    - ``reject_marker``: any line containing it is 400 ``invalid_trace``;
+      ``reject_omit_line`` leaves the line number and id out of the answer.
+    - ``hang_uploads``: read the body, then never answer (until stop).
+    - ``drop_after_body``: the next N uploads have their connection closed
+      after the body is read; with ``drop_after_commit`` the upload is
+      committed first (the answer is lost, the data is not).
+    - ``before_upload``: in-process only; called on the request thread after
+      the body is read (a ``threading.Barrier(n).wait`` or ``Event.wait``
+      gates uploads in tests).
+    """
+
+    latency_ms: float = 0.0
+    bandwidth_mb_s: float | None = None
+    fail_fraction: float = 0.0
+    fail_count: int = 0
+    fail_status: int = 503
+    fail_retry_after_s: float | None = 1.0
+    fail_seed: int = 0
+    reject_marker: str | None = None
+    reject_omit_line: bool = False
+    hang_uploads: bool = False
+    drop_after_body: int = 0
+    drop_after_commit: bool = True
+    before_upload: Callable[[], Any] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _rng: random.Random | None = field(default=None, repr=False, compare=False)
+
+    def validate(self) -> None:
+        if self.fail_status not in (429, 503):
+            raise ValueError(f"fail_status must be 429 or 503, not {self.fail_status}")
+        if not 0.0 <= self.fail_fraction <= 1.0:
+            raise ValueError(f"fail_fraction must be within 0..1, not {self.fail_fraction}")
+        if self.bandwidth_mb_s is not None and self.bandwidth_mb_s <= 0:
+            raise ValueError(f"bandwidth_mb_s must be greater than 0, not {self.bandwidth_mb_s}")
+        if self.latency_ms < 0:
+            raise ValueError(f"latency_ms must be at least 0, not {self.latency_ms}")
+
+    def take_failure(self) -> bool:
+        """Whether this upload is to be refused with ``fail_status``."""
+        with self._lock:
+            if self.fail_count > 0:
+                self.fail_count -= 1
+                return True
+            if self.fail_fraction <= 0.0:
+                return False
+            if self._rng is None:
+                self._rng = random.Random(self.fail_seed)
+            return self._rng.random() < self.fail_fraction
+
+    def take_drop(self) -> bool:
+        """Whether this upload's connection is to be dropped after its body."""
+        with self._lock:
+            if self.drop_after_body > 0:
+                self.drop_after_body -= 1
+                return True
+            return False
+
+
+class Stats:
+    """Counters served at ``GET /api/v1/_stats``. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.uploads = 0
+        self.lines = 0
+        self.uncompressed_bytes = 0
+        self.wire_bytes = 0
+        self.replays = 0
+        self.requests = 0
+        self.rejections: Counter[str] = Counter()
+        self.upload_attempts = 0
+
+    def count_request(self) -> None:
+        with self._lock:
+            self.requests += 1
+
+    def count_upload_attempt(self, wire_bytes: int) -> None:
+        with self._lock:
+            self.upload_attempts += 1
+            self.wire_bytes += wire_bytes
+
+    def count_commit(self, lines: int, uncompressed_bytes: int) -> None:
+        with self._lock:
+            self.uploads += 1
+            self.lines += lines
+            self.uncompressed_bytes += uncompressed_bytes
+
+    def count_replay(self) -> None:
+        with self._lock:
+            self.replays += 1
+
+    def count_rejection(self, code: str) -> None:
+        with self._lock:
+            self.rejections[code] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "uploads": self.uploads,
+                "upload_attempts": self.upload_attempts,
+                "lines": self.lines,
+                "uncompressed_bytes": self.uncompressed_bytes,
+                "wire_bytes": self.wire_bytes,
+                "replays": self.replays,
+                "requests": self.requests,
+                "rejections": dict(self.rejections),
+            }
+
+
+class InFlightLimiter:
+    """Counts uploads in flight per credential and refuses past the limit."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_UPLOADS_IN_FLIGHT) -> None:
+        if limit < 1:
+            raise ValueError(f"max_uploads_in_flight must be greater than 0, not {limit}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._now: Counter[str] = Counter()
+        self._peak: Counter[str] = Counter()
+
+    def try_acquire(self, producer: str) -> bool:
+        with self._lock:
+            if self._now[producer] >= self.limit:
+                return False
+            self._now[producer] += 1
+            self._peak[producer] = max(self._peak[producer], self._now[producer])
+            return True
+
+    def release(self, producer: str) -> None:
+        with self._lock:
+            self._now[producer] -= 1
+            if self._now[producer] <= 0:
+                del self._now[producer]
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {"in_flight": dict(self._now), "max_in_flight": dict(self._peak)}
+
+
+def throttled_read(read: Callable[[int], bytes], length: int, bandwidth_mb_s: float | None,
+                   chunk_bytes: int = 1 << 20) -> bytes:
+    """Read exactly ``length`` bytes, no faster than ``bandwidth_mb_s``.
+
+    Raises ``ConnectionError`` when the peer closes early.
+    """
+    buf = bytearray()
+    start = time.monotonic()
+    rate = bandwidth_mb_s * 1e6 if bandwidth_mb_s else None
+    if rate is not None:
+        chunk_bytes = max(16 * 1024, min(chunk_bytes, int(rate / 100)))
+    while len(buf) < length:
+        piece = read(min(chunk_bytes, length - len(buf)))
+        if not piece:
+            raise ConnectionError(f"client closed the connection after {len(buf)} of {length} bytes")
+        buf += piece
+        if rate is not None:
+            ahead_s = len(buf) / rate - (time.monotonic() - start)
+            if ahead_s > 0:
+                time.sleep(ahead_s)
+    return bytes(buf)

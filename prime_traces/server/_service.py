@@ -1,0 +1,212 @@
+"""The local Traces service as an object: start, stop, its URL and state."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from prime_traces.server._faults import DEFAULT_MAX_UPLOADS_IN_FLIGHT, Faults, InFlightLimiter, Stats
+from prime_traces.server._http import Route, TracesHTTPServer
+from prime_traces.server._store import Store
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024 + 1024 * 1024
+MAX_UNCOMPRESSED_BYTES = 256 * 1024 * 1024
+STORE_MODES = ("sqlite", "none")
+VALIDATE_MODES = ("full", "light")
+_STOP_TIMEOUT_S = 5.0
+
+
+@dataclass
+class ServiceState:
+    """What every request handler may reach."""
+
+    store: Store
+    faults: Faults
+    stats: Stats
+    limiter: InFlightLimiter
+    routes: list[Route]
+    api_key: str | None
+    store_mode: str = "sqlite"
+    validate_mode: str = "full"
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
+    saturated_retry_after_s: float = 1.0
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine."""
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback
+                for info in socket.getaddrinfo(host, None)
+            )
+        except OSError:
+            return False
+
+
+def all_routes() -> list[Route]:
+    from prime_traces.server import _reads, _runs, _upload
+
+    return [*_upload.ROUTES, *_runs.ROUTES, *_reads.ROUTES]
+
+
+class LocalTracesService:
+    """The local Traces service, served from a thread of this process.
+
+    ``start()`` binds (port 0 picks a free one) and returns once the service
+    answers; ``stop()`` closes every connection, waits for the request threads
+    (bounded) and closes the database. Both are idempotent. Faults can be
+    changed while it runs through ``service.faults``.
+
+    Usage::
+
+        with LocalTracesService(tmp_path / "traces.db", latency_ms=100) as svc:
+            requests.get(f"{svc.url}/api/v1/traces", headers=auth)
+    """
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        max_uploads_in_flight: int = DEFAULT_MAX_UPLOADS_IN_FLIGHT,
+        store: str = "sqlite",
+        validate: str = "full",
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        saturated_retry_after_s: float = 1.0,
+        **faults: Any,
+    ) -> None:
+        if store not in STORE_MODES:
+            raise ValueError(f"store must be one of {STORE_MODES}, not {store!r}")
+        if validate not in VALIDATE_MODES:
+            raise ValueError(f"validate must be one of {VALIDATE_MODES}, not {validate!r}")
+        if validate == "light" and store != "none":
+            raise ValueError("validate='light' parses no JSON, so it needs store='none'")
+        if not api_key and not is_loopback(host):
+            raise ValueError(
+                f"refusing to serve on non-loopback address {host!r} without an API key; "
+                "pass --api-key (or set PRIME_TRACES_SERVE_API_KEY), or bind to 127.0.0.1"
+            )
+        self.host = host
+        self.port = port
+        self.faults = Faults(**faults)
+        self.faults.validate()
+        self._tmpdir: str | None = None
+        if db_path is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="prime-traces-")
+            db_path = os.path.join(self._tmpdir, "traces.db")
+        self.db_path = os.fspath(db_path)
+        self._options = dict(
+            api_key=api_key or None,
+            store_mode=store,
+            validate_mode=validate,
+            max_body_bytes=max_body_bytes,
+            saturated_retry_after_s=saturated_retry_after_s,
+        )
+        self._limit = max_uploads_in_flight
+        self._lock = threading.Lock()
+        self._server: TracesHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.state: ServiceState | None = None
+
+    def __repr__(self) -> str:
+        running = self._server is not None
+        return f"LocalTracesService(db_path={self.db_path!r}, running={running})"
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:54321`` (routes are under ``/api/v1``)."""
+        if self._server is None:
+            raise RuntimeError("the service is not running; call start() first")
+        host, port = self._server.server_address[:2]
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}"
+
+    def start(self) -> LocalTracesService:
+        with self._lock:
+            if self._server is not None:
+                return self
+            store = Store(self.db_path)
+            self.state = ServiceState(
+                store=store,
+                faults=self.faults,
+                stats=Stats(),
+                limiter=InFlightLimiter(self._limit),
+                routes=all_routes(),
+                **self._options,
+            )
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            TracesHTTPServer.address_family = family
+            try:
+                server = TracesHTTPServer((self.host, self.port), self.state)
+            except BaseException:
+                store.close()
+                raise
+            self._server = server
+            self._thread = threading.Thread(
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name="prime-traces-serve",
+                daemon=True,
+            )
+            self._thread.start()
+            logger.info("local Traces service listening on %s", self.url)
+            return self
+
+    def serve_forever(self) -> None:
+        """Serve on the calling thread until :meth:`stop` is called elsewhere."""
+        self.start()
+        assert self.state is not None
+        self.state.stopping.wait()
+
+    def stop(self) -> None:
+        with self._lock:
+            server, thread, state = self._server, self._thread, self.state
+            if server is None or state is None:
+                return
+            state.stopping.set()
+            server.shutdown()
+            server.server_close()
+            server.close_all(_STOP_TIMEOUT_S)
+            if thread is not None:
+                thread.join(_STOP_TIMEOUT_S)
+            state.store.close()
+            self._server = None
+            self._thread = None
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+                self._tmpdir = None
+
+    def stats(self) -> dict[str, Any]:
+        """The same counters as ``GET /api/v1/_stats``."""
+        if self.state is None:
+            raise RuntimeError("the service has not been started")
+        return service_stats(self.state)
+
+    def __enter__(self) -> LocalTracesService:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def service_stats(state: ServiceState) -> dict[str, Any]:
+    return {**state.stats.snapshot(), **state.limiter.snapshot()}

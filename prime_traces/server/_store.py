@@ -1,0 +1,281 @@
+"""SQLite storage of the local Traces service: schema, connections, commits.
+
+One writer connection, serialised by a lock (SQLite admits one writer at a
+time anyway); reads open their own short-lived connection so a long raw
+stream never holds up ingest. WAL mode lets both proceed at once.
+
+Times are stored as epoch seconds (REAL); documents live in their own tables
+(``trace_docs``, ``episode_docs``) so that list queries never page through
+multi-megabyte blobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS uploads (
+    upload_id      TEXT PRIMARY KEY,
+    line_format    TEXT NOT NULL,
+    receipt        TEXT NOT NULL,
+    producer       TEXT NOT NULL,
+    context        TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    line_count     INTEGER NOT NULL,
+    size_bytes     INTEGER NOT NULL,
+    ingested_at    REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS traces (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    trace_id       TEXT NOT NULL,
+    upload_id      TEXT NOT NULL,
+    episode_id     TEXT,
+    episode_seq    INTEGER,
+    created_at     REAL NOT NULL,
+    ingested_at    REAL NOT NULL,
+    run_id         TEXT,
+    run_type       TEXT,
+    run_step       INTEGER,
+    environment_id TEXT,
+    model_provider TEXT,
+    model_id       TEXT,
+    task_id        TEXT,
+    agent_name     TEXT,
+    reward         REAL,
+    outcome        TEXT,
+    has_error      INTEGER NOT NULL,
+    is_truncated   INTEGER NOT NULL,
+    duration_ms    INTEGER NOT NULL,
+    total_tokens   INTEGER NOT NULL,
+    size_bytes     INTEGER NOT NULL,
+    context        TEXT NOT NULL,
+    producer       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS traces_created ON traces (created_at DESC, seq DESC);
+CREATE INDEX IF NOT EXISTS traces_trace_id ON traces (trace_id);
+CREATE INDEX IF NOT EXISTS traces_run ON traces (run_id, created_at DESC);
+CREATE INDEX IF NOT EXISTS traces_episode ON traces (episode_seq);
+CREATE INDEX IF NOT EXISTS traces_upload ON traces (upload_id);
+CREATE TABLE IF NOT EXISTS trace_docs (
+    seq INTEGER PRIMARY KEY,
+    raw BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    episode_id     TEXT NOT NULL,
+    upload_id      TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    created_at     REAL NOT NULL,
+    ingested_at    REAL NOT NULL,
+    run_id         TEXT,
+    environment_id TEXT,
+    outcome        TEXT,
+    has_error      INTEGER NOT NULL,
+    error_type     TEXT,
+    error_message  TEXT,
+    context        TEXT NOT NULL,
+    producer       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_created ON episodes (created_at DESC, seq DESC);
+CREATE INDEX IF NOT EXISTS episodes_episode_id ON episodes (episode_id);
+CREATE INDEX IF NOT EXISTS episodes_run ON episodes (run_id);
+CREATE TABLE IF NOT EXISTS episode_docs (
+    seq INTEGER PRIMARY KEY,
+    raw BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id      TEXT PRIMARY KEY,
+    name        TEXT,
+    kind        TEXT,
+    config      TEXT NOT NULL,
+    summary     TEXT NOT NULL,
+    tags        TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    error       TEXT,
+    created_at  REAL NOT NULL,
+    finished_at REAL,
+    created_by  TEXT
+);
+"""
+
+TRACE_COLUMNS = (
+    "trace_id", "upload_id", "episode_id", "created_at", "ingested_at", "run_id",
+    "run_type", "run_step", "environment_id", "model_provider", "model_id", "task_id",
+    "agent_name", "reward", "outcome", "has_error", "is_truncated", "duration_ms",
+    "total_tokens", "size_bytes", "context", "producer",
+)  # fmt: skip
+EPISODE_COLUMNS = (
+    "episode_id", "upload_id", "schema_version", "created_at", "ingested_at", "run_id",
+    "environment_id", "outcome", "has_error", "error_type", "error_message", "context",
+    "producer",
+)  # fmt: skip
+
+
+@dataclass
+class TraceRow:
+    """One trace to store: its summary columns and its document bytes."""
+
+    columns: dict[str, Any]
+    raw: bytes
+
+
+@dataclass
+class EpisodeRow:
+    """One episode envelope to store, with its member traces."""
+
+    columns: dict[str, Any]
+    raw: bytes
+    members: list[TraceRow] = field(default_factory=list)
+
+
+@dataclass
+class UploadRecord:
+    """The receipt and bookkeeping of one committed upload."""
+
+    upload_id: str
+    line_format: str
+    receipt: dict[str, Any]
+    producer: str
+    context: dict[str, str]
+    schema_version: int
+    line_count: int
+    size_bytes: int
+    ingested_at: float
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=60.0, check_same_thread=False, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+class Store:
+    """The service's database. Thread-safe: writes serialise on one lock."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        self._write_lock = threading.Lock()
+        self._writer = _connect(self.path)
+        self._writer.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._writer.close()
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[sqlite3.Connection]:
+        """A connection for reads only, closed on exit."""
+        conn = _connect(self.path)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[sqlite3.Connection]:
+        """The writer connection inside one transaction, under the write lock."""
+        with self._write_lock:
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._writer
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            self._writer.execute("COMMIT")
+
+    # -- uploads -----------------------------------------------------------
+
+    def find_upload(self, upload_id: str) -> UploadRecord | None:
+        with self._write_lock:
+            row = self._writer.execute(
+                "SELECT * FROM uploads WHERE upload_id = ?", (upload_id,)
+            ).fetchone()
+        return _upload_from_row(row) if row is not None else None
+
+    def commit_upload(
+        self,
+        upload: UploadRecord,
+        traces: Sequence[TraceRow],
+        episodes: Sequence[EpisodeRow],
+        *,
+        keep_documents: bool = True,
+    ) -> tuple[UploadRecord, bool]:
+        """Store an upload all or nothing.
+
+        Returns ``(record, created)``. When the digest was committed meanwhile
+        by a concurrent request, nothing is stored and the existing record
+        is returned with ``created=False`` (the caller answers it as a replay
+        or a conflict).
+        """
+        with self.writer() as conn:
+            row = conn.execute(
+                "SELECT * FROM uploads WHERE upload_id = ?", (upload.upload_id,)
+            ).fetchone()
+            if row is not None:
+                return _upload_from_row(row), False
+            conn.execute(
+                "INSERT INTO uploads VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    upload.upload_id, upload.line_format, orjson.dumps(upload.receipt).decode(),
+                    upload.producer, orjson.dumps(upload.context).decode(),
+                    upload.schema_version, upload.line_count, upload.size_bytes,
+                    upload.ingested_at,
+                ),
+            )  # fmt: skip
+            if keep_documents:
+                for trace in traces:
+                    self._insert_trace(conn, trace, None)
+                for episode in episodes:
+                    self._insert_episode(conn, episode)
+        return upload, True
+
+    def _insert_trace(self, conn: sqlite3.Connection, trace: TraceRow, episode_seq: int | None) -> None:
+        values = [trace.columns[name] for name in TRACE_COLUMNS]
+        cur = conn.execute(
+            f"INSERT INTO traces ({', '.join(TRACE_COLUMNS)}, episode_seq) "
+            f"VALUES ({', '.join('?' * (len(TRACE_COLUMNS) + 1))})",
+            (*values, episode_seq),
+        )
+        conn.execute("INSERT INTO trace_docs VALUES (?, ?)", (cur.lastrowid, trace.raw))
+
+    def _insert_episode(self, conn: sqlite3.Connection, episode: EpisodeRow) -> None:
+        values = [episode.columns[name] for name in EPISODE_COLUMNS]
+        cur = conn.execute(
+            f"INSERT INTO episodes ({', '.join(EPISODE_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(EPISODE_COLUMNS))})",
+            values,
+        )
+        seq = cur.lastrowid
+        conn.execute("INSERT INTO episode_docs VALUES (?, ?)", (seq, episode.raw))
+        for member in episode.members:
+            self._insert_trace(conn, member, seq)
+
+
+def _upload_from_row(row: sqlite3.Row) -> UploadRecord:
+    return UploadRecord(
+        upload_id=row["upload_id"],
+        line_format=row["line_format"],
+        receipt=orjson.loads(row["receipt"]),
+        producer=row["producer"],
+        context=orjson.loads(row["context"]),
+        schema_version=row["schema_version"],
+        line_count=row["line_count"],
+        size_bytes=row["size_bytes"],
+        ingested_at=row["ingested_at"],
+    )

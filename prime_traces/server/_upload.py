@@ -1,0 +1,178 @@
+"""``POST /api/v1/traces``: the upload, checked in the contract's order (§2).
+
+auth (in the dispatcher) → in-flight limit → key syntax → body (bounded) →
+injected faults → multipart → decoding → size → digest → idempotent replay
+or conflict → metadata → lines → all-or-nothing commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from typing import Any
+
+import orjson
+
+from prime_traces.errors import ErrorCode
+from prime_traces.server._decode import boundary_of, decode_part, parse_multipart
+from prime_traces.server._http import HTTPError, Request, Response, drop_connection, json_response, route
+from prime_traces.server._ingest import UploadMeta, validate_full, validate_light
+from prime_traces.server._store import UploadRecord
+
+logger = logging.getLogger(__name__)
+
+_KEY_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_LINE_FORMATS = {None: "trace", "trace": "trace", "episode": "episode"}
+
+
+def post_traces(req: Request) -> Response:
+    state = req.state
+    length = req.body_length()
+    if length is None:
+        req.handler.close_after_response()
+        raise HTTPError(411, None, "Content-Length is required; chunked uploads are not accepted")
+    if length > state.max_body_bytes:
+        # Refused before reading: the connection is closed rather than drained.
+        req.handler.body_read = True
+        req.handler.close_after_response()
+        raise HTTPError(400, ErrorCode.UPLOAD_TOO_LARGE,
+                        f"request body of {length} bytes is over {state.max_body_bytes}")  # fmt: skip
+    if not state.limiter.try_acquire(req.producer):
+        req.handler.drain_body()
+        retry_after = state.saturated_retry_after_s
+        raise HTTPError(
+            503, ErrorCode.WRITER_POOL_SATURATED,
+            f"more than {state.limiter.limit} uploads in flight for this credential; retry later",
+            headers={"Retry-After": _seconds(retry_after)},
+        )  # fmt: skip
+    try:
+        return _upload(req, length)
+    finally:
+        state.limiter.release(req.producer)
+
+
+def _upload(req: Request, length: int) -> Response:
+    state, faults = req.state, req.state.faults
+    key = req.header("Idempotency-Key") or ""
+    if not _KEY_RE.match(key):
+        raise HTTPError(400, ErrorCode.INVALID_IDEMPOTENCY_KEY,
+                        "Idempotency-Key must be 'sha256:' and 64 lowercase hex digits")  # fmt: skip
+    raw_format = req.header("X-Prime-Line-Format")
+    body = req.read_body(length, faults.bandwidth_mb_s)
+    state.stats.count_upload_attempt(length)
+    if faults.before_upload is not None:
+        faults.before_upload()
+    if faults.hang_uploads:
+        state.stopping.wait()
+        drop_connection()
+    if faults.take_failure():
+        code = ErrorCode.RATE_LIMITED if faults.fail_status == 429 else ErrorCode.INGEST_CAPACITY_EXCEEDED
+        headers = {}
+        if faults.fail_retry_after_s is not None:
+            headers["Retry-After"] = _seconds(faults.fail_retry_after_s)
+        raise HTTPError(faults.fail_status, code, "injected failure; retry later", headers=headers)
+    dropping = faults.take_drop()
+    if dropping and not faults.drop_after_commit:
+        drop_connection()
+    response = _process(req, body, key[len("sha256:"):], raw_format)
+    if dropping:
+        drop_connection()
+    return response
+
+
+def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> Response:
+    state = req.state
+    line_format = _LINE_FORMATS.get(raw_format.strip().lower() if raw_format else None)
+    parts = parse_multipart(body, boundary_of(req.header("Content-Type")))
+    metadata_parts = [p for p in parts if p.name == "metadata"]
+    traces_parts = [p for p in parts if p.name == "traces"]
+    if len(metadata_parts) != 1:
+        raise HTTPError(400, ErrorCode.INVALID_METADATA,
+                        f"expected exactly one 'metadata' part, got {len(metadata_parts)}")  # fmt: skip
+    if len(traces_parts) != 1:
+        raise HTTPError(400, ErrorCode.INVALID_METADATA,
+                        f"expected exactly one 'traces' part, got {len(traces_parts)}")  # fmt: skip
+    traces = traces_parts[0]
+    data = decode_part(traces.body, traces.headers.get("content-encoding"), state.max_uncompressed_bytes)
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise HTTPError(400, ErrorCode.MALFORMED_ENCODING,
+                            f"traces part is not UTF-8 at byte {err.start}") from None  # fmt: skip
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != digest:
+        raise HTTPError(400, ErrorCode.DIGEST_MISMATCH,
+                        f"Idempotency-Key is sha256:{digest} but the traces part hashes "
+                        f"to sha256:{actual}")  # fmt: skip
+    if line_format is None:
+        raise HTTPError(400, ErrorCode.INVALID_METADATA,
+                        f"X-Prime-Line-Format must be absent or 'episode', not {raw_format!r}")  # fmt: skip
+    existing = state.store.find_upload(digest)
+    if existing is not None:
+        return _replay(req, existing, line_format)
+    schema_version, context = _metadata(bytes(metadata_parts[0].body))
+    meta = UploadMeta(
+        upload_id=digest,
+        line_format=line_format,
+        context=context,
+        schema_version=schema_version,
+        producer=req.producer,
+        now=time.time(),
+        reject_marker=state.faults.reject_marker.encode() if state.faults.reject_marker else None,
+        reject_omit_line=state.faults.reject_omit_line,
+    )
+    validate = validate_light if state.validate_mode == "light" else validate_full
+    result = validate(data, meta)
+    receipt = {"upload_id": digest, "status": "committed", "line_format": line_format,
+               "lines": result.lines}  # fmt: skip
+    record = UploadRecord(digest, line_format, receipt, req.producer, context, schema_version,
+                          result.lines, len(data), meta.now)  # fmt: skip
+    stored, created = state.store.commit_upload(
+        record, result.traces, result.episodes, keep_documents=state.store_mode == "sqlite"
+    )
+    if not created:
+        return _replay(req, stored, line_format)
+    state.stats.count_commit(result.lines, len(data))
+    return json_response(201, receipt)
+
+
+def _replay(req: Request, existing: UploadRecord, line_format: str) -> Response:
+    if existing.line_format != line_format:
+        raise HTTPError(409, ErrorCode.LINE_FORMAT_CONFLICT,
+                        f"these bytes were committed as {existing.line_format} lines, "
+                        f"not {line_format}")  # fmt: skip
+    req.state.stats.count_replay()
+    return json_response(200, existing.receipt)
+
+
+def _metadata(raw: bytes) -> tuple[int, dict[str, str]]:
+    try:
+        metadata: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise HTTPError(400, ErrorCode.INVALID_METADATA, f"metadata is not JSON: {err}") from None
+    if not isinstance(metadata, dict):
+        raise HTTPError(400, ErrorCode.INVALID_METADATA, "metadata must be a JSON object")
+    version = metadata.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise HTTPError(400, ErrorCode.INVALID_METADATA, "metadata.schema_version must be an integer")
+    if version != 1:
+        raise HTTPError(400, ErrorCode.UNSUPPORTED_SCHEMA_VERSION,
+                        f"schema_version {version} is not supported; use 1")  # fmt: skip
+    context = metadata.get("context", {})
+    if context is None:
+        context = {}
+    if not isinstance(context, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in context.items()
+    ):
+        raise HTTPError(400, ErrorCode.INVALID_METADATA, "metadata.context must map strings to strings")
+    return version, context
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
+
+
+ROUTES = [route("POST", "/traces", post_traces)]
