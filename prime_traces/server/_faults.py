@@ -36,7 +36,8 @@ class Faults:
       committed first (the answer is lost, the data is not).
     - ``before_upload``: in-process only; called on the request thread after
       the body is read (a ``threading.Barrier(n).wait`` or ``Event.wait``
-      gates uploads in tests).
+      gates uploads in tests). ``on_upload`` is the same, called with the
+      upload's ``Idempotency-Key``, to single out one batch.
     """
 
     latency_ms: float = 0.0
@@ -52,6 +53,7 @@ class Faults:
     drop_after_body: int = 0
     drop_after_commit: bool = True
     before_upload: Callable[[], Any] | None = None
+    on_upload: Callable[[str], Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _rng: random.Random | None = field(default=None, repr=False, compare=False)
 

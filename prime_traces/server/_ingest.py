@@ -40,6 +40,7 @@ class UploadMeta:
     now: float
     reject_marker: bytes | None = None
     reject_omit_line: bool = False
+    keep_rows: bool = True
 
 
 @dataclass
@@ -110,9 +111,13 @@ def validate_full(body: bytes, meta: UploadMeta) -> IngestResult:
                 raise _LineError(ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
                                  f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload")  # fmt: skip
             if episode:
-                result.episodes.append(_episode(record, line, meta, seen_traces, seen_episodes))
+                row = _episode(record, line, meta, seen_traces, seen_episodes)
+                if row is not None:
+                    result.episodes.append(row)
             else:
-                result.traces.append(_bare_trace(record, line, meta, seen_traces))
+                trace = _bare_trace(record, line, meta, seen_traces)
+                if trace is not None:
+                    result.traces.append(trace)
             result.lines += 1
         except _LineError as err:
             raise _rejection(meta, err.code, err.message, number, record_id) from None
@@ -167,18 +172,20 @@ def _claim(seen: set[str], key: str, code: ErrorCode, what: str) -> None:
     seen.add(key)
 
 
-def _bare_trace(record: dict[str, Any], line: bytes, meta: UploadMeta, seen: set[str]) -> TraceRow:
+def _bare_trace(record: dict[str, Any], line: bytes, meta: UploadMeta, seen: set[str]) -> TraceRow | None:
     if isinstance(record.get("traces"), list):
         raise _LineError(ErrorCode.LINE_FORMAT_MISMATCH,
                          "line is an episode (it has a 'traces' list) but the upload is "
                          "trace format; send X-Prime-Line-Format: episode")  # fmt: skip
     created_at = _check_created_at(record, meta.now)
     _claim(seen, record["id"], ErrorCode.DUPLICATE_TRACE_ID, "trace")
+    if not meta.keep_rows:
+        return None
     return TraceRow(trace_columns(record, created_at, len(line), meta, None), bytes(line))
 
 
 def _episode(record: dict[str, Any], line: bytes, meta: UploadMeta, seen_traces: set[str],
-             seen_episodes: set[str]) -> EpisodeRow:
+             seen_episodes: set[str]) -> EpisodeRow | None:
     members = record.get("traces")
     if not isinstance(members, list):
         raise _LineError(ErrorCode.LINE_FORMAT_MISMATCH,
@@ -199,6 +206,8 @@ def _episode(record: dict[str, Any], line: bytes, meta: UploadMeta, seen_traces:
     if isinstance(env_id, str) and len(env_id) > MAX_ENVIRONMENT_ID_CHARS:
         raise _LineError(ErrorCode.ENVIRONMENT_ID_TOO_LONG,
                          f"env.id is over {MAX_ENVIRONMENT_ID_CHARS} characters")  # fmt: skip
+    if not meta.keep_rows:
+        return None
     env_id = env_id if isinstance(env_id, str) else None
     rows = []
     for member, start in zip(members, starts):

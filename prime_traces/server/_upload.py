@@ -64,6 +64,8 @@ def _upload(req: Request, length: int) -> Response:
     state.stats.count_upload_attempt(length)
     if faults.before_upload is not None:
         faults.before_upload()
+    if faults.on_upload is not None:
+        faults.on_upload(key)
     if faults.hang_uploads:
         state.stopping.wait()
         drop_connection()
@@ -76,10 +78,12 @@ def _upload(req: Request, length: int) -> Response:
     dropping = faults.take_drop()
     if dropping and not faults.drop_after_commit:
         drop_connection()
-    response = _process(req, body, key[len("sha256:"):], raw_format)
-    if dropping:
-        drop_connection()
-    return response
+    try:
+        return _process(req, body, key[len("sha256:"):], raw_format)
+    finally:
+        if dropping:
+            # Whatever the verdict, the answer is lost with the connection.
+            drop_connection()
 
 
 def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> Response:
@@ -123,6 +127,7 @@ def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> 
         now=time.time(),
         reject_marker=state.faults.reject_marker.encode() if state.faults.reject_marker else None,
         reject_omit_line=state.faults.reject_omit_line,
+        keep_rows=state.store_mode == "sqlite",
     )
     validate = validate_light if state.validate_mode == "light" else validate_full
     result = validate(data, meta)

@@ -1,0 +1,174 @@
+"""Test helpers: the exact upload request of contract §2, and §7-shaped documents.
+
+``upload()`` builds the multipart body the published client sends (metadata
+part, then the ``traces`` part with a per-part ``Content-Encoding``), so
+tests exercise the service through HTTP the way a real client does::
+
+    resp = upload(svc.url, [make_trace("t-1", run_id="r-1", step=3)])
+    assert resp.status_code == 201
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import secrets
+import time
+from typing import Any
+
+import orjson
+import requests
+import zstandard
+
+DEFAULT_TOKEN = "test-token"
+TIMEOUT_S = 30.0
+
+
+def auth(token: str = DEFAULT_TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def jsonl(lines: list[dict[str, Any] | bytes]) -> bytes:
+    """Compact JSON lines, each ending in LF; ``bytes`` items are taken verbatim."""
+    out = bytearray()
+    for line in lines:
+        out += line if isinstance(line, bytes) else orjson.dumps(line)
+        out += b"\n"
+    return bytes(out)
+
+
+def _encode(body: bytes, coding: str | None) -> bytes:
+    if coding == "gzip":
+        return gzip.compress(body, compresslevel=1, mtime=0)
+    if coding == "zstd":
+        return zstandard.ZstdCompressor(level=1).compress(body)
+    if coding is None:
+        return body
+    raise ValueError(f"coding must be 'gzip', 'zstd' or None, not {coding!r}")
+
+
+def multipart(body: bytes, *, context: dict[str, str] | None = None,
+              coding: str | None = "gzip") -> tuple[bytes, str]:
+    """``(request body, Content-Type)`` of an upload of ``body`` (uncompressed JSONL)."""
+    boundary = secrets.token_hex(16)
+    metadata: dict[str, Any] = {"schema_version": 1}
+    if context:
+        metadata["context"] = context
+    traces_headers = (
+        'Content-Disposition: form-data; name="traces"; filename="traces.jsonl"\r\n'
+        "Content-Type: application/x-ndjson\r\n"
+    )
+    if coding is not None:
+        traces_headers += f"Content-Encoding: {coding}\r\n"
+    out = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="metadata"\r\n'
+        "Content-Type: application/json\r\n\r\n"
+    ).encode() + json.dumps(metadata).encode() + b"\r\n"
+    out += f"--{boundary}\r\n{traces_headers}\r\n".encode() + _encode(body, coding) + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    return out, f"multipart/form-data; boundary={boundary}"
+
+
+def upload(url: str, lines: list[dict[str, Any] | bytes], *, episode: bool = False,
+           context: dict[str, str] | None = None, token: str = DEFAULT_TOKEN,
+           coding: str | None = "gzip") -> requests.Response:
+    """POST one upload of ``lines`` to the service at ``url`` (its base URL)."""
+    body = jsonl(lines)
+    payload, content_type = multipart(body, context=context, coding=coding)
+    headers = {
+        **auth(token),
+        "Content-Type": content_type,
+        "Idempotency-Key": "sha256:" + hashlib.sha256(body).hexdigest(),
+    }
+    if episode:
+        headers["X-Prime-Line-Format"] = "episode"
+    return requests.post(f"{url}/api/v1/traces", data=payload, headers=headers, timeout=TIMEOUT_S)
+
+
+def make_trace(
+    trace_id: str,
+    *,
+    start: float | None = None,
+    run_id: str | None = None,
+    run_type: str = "eval",
+    step: int | None = None,
+    reward: float | None = 1.0,
+    model: str = "qwen/qwen3-8b",
+    base_url: str = "https://api.pinference.ai/api/v1",
+    agent: str = "solver",
+    task_key: str | None = "task-0",
+    ok: bool = True,
+    errors: list[dict[str, Any]] | None = None,
+    stop_condition: str = "completed",
+    total_tokens: int = 120,
+    duration_s: float = 2.5,
+    text: str = "What is 2 + 2?",
+) -> dict[str, Any]:
+    """A verifiers v1 trace record (contract §7) started ``start`` (default: a minute ago)."""
+    start = time.time() - 60 if start is None else start
+    trace: dict[str, Any] = {
+        "version": 1,
+        "id": trace_id,
+        "task": {"type": "qa", "data": {"idx": 0, "name": "arith"}},
+        "agent": {"name": agent, "trainable": False,
+                  "config": {"model": model, "client": {"base_url": base_url}}},
+        "nodes": [
+            {"message": {"role": "user", "content": text}, "parent": None, "sampled": False},
+            {"message": {"role": "assistant", "content": "4"}, "parent": 0, "sampled": True},
+        ],
+        "calls": [{
+            "node": 1, "model": model, "endpoint": "chat", "finish_reason": "stop",
+            "usage": {"input_tokens": total_tokens - 20, "completion_tokens": 20,
+                      "total_tokens": total_tokens},
+            "time": {"start": start + 0.5, "end": start + 1.5},
+        }],
+        "tools": [],
+        "rewards": {} if reward is None else {"correct": {"score": reward, "weight": 1.0}},
+        "metrics": {},
+        "info": {},
+        "is_completed": True,
+        "ok": ok,
+        "stop_condition": stop_condition,
+        "errors": errors or [],
+        "timing": {"start": start, "boot": 0.1, "setup": 0.1, "agent": 1.5, "finalize": 0.1,
+                   "scoring": {"start": start + duration_s - 0.2, "end": start + duration_s}},
+    }  # fmt: skip
+    if task_key is not None:
+        trace["task"]["key"] = task_key
+    if run_id is not None:
+        trace["run"] = {"id": run_id, "type": run_type, "name": "test run"}
+        if step is not None:
+            trace["run"]["work"] = {"type": "rollout", "step": step}
+    return trace
+
+
+def make_episode(
+    episode_id: str,
+    traces: list[dict[str, Any]],
+    *,
+    env: str | None = "env-math",
+    run_id: str | None = None,
+    run_type: str = "eval",
+    outcome: str | None = "solved",
+    ok: bool = True,
+    errors: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """An episode envelope (contract §7) with ``traces`` as its members."""
+    envelope: dict[str, Any] = {
+        "version": 1,
+        "id": episode_id,
+        "task": {"type": "qa", "data": {"idx": 0}},
+        "group": {"id": f"group-{episode_id}"},
+        "ok": ok,
+        "errors": errors or [],
+        "traces": traces,
+        "info": {},
+        "outcome": outcome,
+    }
+    if env is not None:
+        envelope["env"] = {"id": env, "name": env}
+    if run_id is not None:
+        envelope["run"] = {"id": run_id, "type": run_type}
+    return envelope
