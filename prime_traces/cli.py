@@ -1,4 +1,5 @@
-"""The ``prime-traces`` command line: ``serve`` runs the local Traces service."""
+"""The ``prime-traces`` command line: ``serve`` runs the local Traces service; the
+other commands (``upload``, ``list``, ``get``, ...) talk to a Traces service."""
 
 from __future__ import annotations
 
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"prime-traces {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(sub)
+    from prime_traces._cli_client import add_client_commands
+
+    add_client_commands(sub)
     return parser
 
 

@@ -170,3 +170,23 @@ class TraceTooLargeError(PrimeTracesError, ValueError):
             f"line {line_index + 1} is {size_bytes} bytes, over the limit of "
             f"{limit_bytes} bytes per line; split the record or drop large fields"
         )
+
+
+class UploadError(PrimeTracesError):
+    """An upload stopped (fail-stop) or was cancelled; ``report`` says what became of every line.
+
+    ``report`` is a :class:`prime_traces.UploadReport`: per batch, committed
+    (with its receipt), rejected (with the code, and the line and record id
+    when known), failed transiently, abandoned at cancellation, or never sent.
+    ``error`` is the first failure (also the ``__cause__``); ``receipts`` are
+    those of every committed batch, in batch order.
+    """
+
+    def __init__(self, message: str, report: Any, error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+        self.error = error
+
+    @property
+    def receipts(self) -> list[Any]:
+        return list(self.report.receipts)

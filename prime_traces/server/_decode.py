@@ -14,7 +14,6 @@ import zstandard
 from prime_traces.errors import ErrorCode
 from prime_traces.server._http import ACCEPT_ENCODING, HTTPError
 
-_CHUNK_BYTES = 4 * 1024 * 1024
 _ZSTD_STEP_BYTES = 1024
 
 
@@ -96,6 +95,8 @@ def decode_part(data: memoryview, coding: str | None, limit_bytes: int) -> bytes
     ``upload_too_large``.
     """
     coding = (coding or "identity").strip().lower()
+    if coding != "identity" and not data:
+        raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"the traces part is empty but says it is {coding}")
     if coding == "identity":
         if len(data) > limit_bytes:
             raise _too_large(limit_bytes)
@@ -120,28 +121,24 @@ def _too_large(limit_bytes: int) -> HTTPError:
 
 
 def _gunzip(data: memoryview, limit_bytes: int) -> bytes:
-    out = bytearray()
+    # max_length bounds what zlib produces, so a bomb costs at most the limit.
+    out: list[bytes] = []
+    total = 0
     pending: bytes | memoryview = data
     try:
         while pending:
             inflater = zlib.decompressobj(wbits=31)
-            out += inflater.decompress(pending, _CHUNK_BYTES)
-            while not inflater.eof:
-                if len(out) > limit_bytes:
-                    raise _too_large(limit_bytes)
-                if not inflater.unconsumed_tail:
-                    # All input consumed: what zlib still holds is at most its window.
-                    out += inflater.flush()
-                    break
-                out += inflater.decompress(inflater.unconsumed_tail, _CHUNK_BYTES)
-            if len(out) > limit_bytes:
+            chunk = inflater.decompress(pending, limit_bytes + 1 - total)
+            total += len(chunk)
+            out.append(chunk)
+            if total > limit_bytes or (inflater.unconsumed_tail and not inflater.eof):
                 raise _too_large(limit_bytes)
             if not inflater.eof:
                 raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, "gzip stream is truncated")
             pending = inflater.unused_data
     except zlib.error as err:
         raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"bad gzip data: {err}") from None
-    return bytes(out)
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def _unzstd(data: memoryview, limit_bytes: int) -> bytes:
@@ -154,8 +151,9 @@ def _unzstd(data: memoryview, limit_bytes: int) -> bytes:
         while pos < size:
             frame = dctx.decompressobj()
             while not frame.eof and pos < size:
-                out += frame.decompress(data[pos : pos + _ZSTD_STEP_BYTES])
-                pos += _ZSTD_STEP_BYTES
+                step = data[pos : pos + _ZSTD_STEP_BYTES]
+                out += frame.decompress(step)
+                pos += len(step)
                 if len(out) > limit_bytes:
                     raise _too_large(limit_bytes)
             if not frame.eof:

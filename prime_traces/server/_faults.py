@@ -169,24 +169,27 @@ class InFlightLimiter:
             return {"in_flight": dict(self._now), "max_in_flight": dict(self._peak)}
 
 
-def throttled_read(read: Callable[[int], bytes], length: int, bandwidth_mb_s: float | None,
-                   chunk_bytes: int = 1 << 20) -> bytes:
+def throttled_read(readinto: Callable[[memoryview], int | None], length: int,
+                   bandwidth_mb_s: float | None, chunk_bytes: int = 1 << 20) -> bytearray:
     """Read exactly ``length`` bytes, no faster than ``bandwidth_mb_s``.
 
     Raises ``ConnectionError`` when the peer closes early.
     """
-    buf = bytearray()
+    buf = bytearray(length)
+    view = memoryview(buf)
+    done = 0
     start = time.monotonic()
     rate = bandwidth_mb_s * 1e6 if bandwidth_mb_s else None
     if rate is not None:
         chunk_bytes = max(16 * 1024, min(chunk_bytes, int(rate / 100)))
-    while len(buf) < length:
-        piece = read(min(chunk_bytes, length - len(buf)))
-        if not piece:
-            raise ConnectionError(f"client closed the connection after {len(buf)} of {length} bytes")
-        buf += piece
+    while done < length:
+        got = readinto(view[done : min(length, done + chunk_bytes)])
+        if not got:
+            raise ConnectionError(f"client closed the connection after {done} of {length} bytes")
+        done += got
         if rate is not None:
-            ahead_s = len(buf) / rate - (time.monotonic() - start)
+            ahead_s = done / rate - (time.monotonic() - start)
             if ahead_s > 0:
                 time.sleep(ahead_s)
-    return bytes(buf)
+    view.release()
+    return buf

@@ -114,9 +114,9 @@ class Request:
             raise HTTPError(400, None, "Content-Length is negative")
         return value
 
-    def read_body(self, length: int, bandwidth_mb_s: float | None = None) -> bytes:
+    def read_body(self, length: int, bandwidth_mb_s: float | None = None) -> bytearray:
         self.handler.body_read = True
-        return throttled_read(self.handler.rfile.read, length, bandwidth_mb_s)
+        return throttled_read(self.handler.rfile.readinto, length, bandwidth_mb_s)
 
     def json_body(self) -> Any:
         length = self.body_length() or 0

@@ -74,9 +74,25 @@ def _iter_lines(body: bytes) -> Any:
             yield number, line
 
 
+_BLANK = frozenset(b" \t\r\n\x0b\x0c")
+
+
+def count_records(body: bytes) -> int:
+    """Non-blank lines, without copying any line that starts with a non-blank byte."""
+    count, start, size = 0, 0, len(body)
+    while start < size:
+        end = body.find(b"\n", start)
+        if end < 0:
+            end = size
+        if end > start and (body[start] not in _BLANK or not body[start:end].isspace()):
+            count += 1
+        start = end + 1
+    return count
+
+
 def validate_light(body: bytes, meta: UploadMeta) -> IngestResult:
     """Count lines and apply the reject marker; parse no JSON (load tests)."""
-    lines = body.count(b"\n") + (1 if body and not body.endswith(b"\n") else 0)
+    lines = count_records(body)
     if lines > MAX_ROWS_PER_UPLOAD:
         raise _rejection(meta, ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
                          f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload", None, None)  # fmt: skip

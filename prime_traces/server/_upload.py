@@ -7,6 +7,7 @@ or conflict → metadata → lines → all-or-nothing commit.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import logging
 import re
@@ -24,6 +25,7 @@ from prime_traces.server._store import UploadRecord
 logger = logging.getLogger(__name__)
 
 _KEY_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_UTF8_SLICE_BYTES = 1 << 20
 _LINE_FORMATS = {None: "trace", "trace": "trace", "episode": "episode"}
 
 
@@ -100,12 +102,7 @@ def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> 
                         f"expected exactly one 'traces' part, got {len(traces_parts)}")  # fmt: skip
     traces = traces_parts[0]
     data = decode_part(traces.body, traces.headers.get("content-encoding"), state.max_uncompressed_bytes)
-    if not data.isascii():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise HTTPError(400, ErrorCode.MALFORMED_ENCODING,
-                            f"traces part is not UTF-8 at byte {err.start}") from None  # fmt: skip
+    _check_utf8(data)
     actual = hashlib.sha256(data).hexdigest()
     if actual != digest:
         raise HTTPError(400, ErrorCode.DIGEST_MISMATCH,
@@ -174,6 +171,21 @@ def _metadata(raw: bytes) -> tuple[int, dict[str, str]]:
     ):
         raise HTTPError(400, ErrorCode.INVALID_METADATA, "metadata.context must map strings to strings")
     return version, context
+
+
+def _check_utf8(data: bytes) -> None:
+    """400 ``malformed_encoding`` unless ``data`` is UTF-8; checked in slices, so no big str is built."""
+    if data.isascii():
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    try:
+        for start in range(0, len(data), _UTF8_SLICE_BYTES):
+            decoder.decode(view[start : start + _UTF8_SLICE_BYTES])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as err:
+        raise HTTPError(400, ErrorCode.MALFORMED_ENCODING,
+                        f"traces part is not UTF-8 near byte {start + err.start}") from None  # fmt: skip
 
 
 def _seconds(value: float) -> str:

@@ -1,0 +1,274 @@
+"""Concurrent, ordered, fail-stop uploads of JSONL batches.
+
+The calling thread batches lines (and encodes records, lazily) and keeps a
+window of at most ``max_in_flight`` batches on the request pool; pool threads
+hash, compress and send, with retries. Receipts and ``on_batch`` calls come
+back on the calling thread in batch order, as soon as the head-of-line batch
+commits. Once any batch fails, no new request starts; the ones in flight
+finish; then :class:`UploadError` reports every line.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from prime_traces._batching import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, Batch, iter_batches
+from prime_traces._compress import ZSTD, CodingSelector, compress, content_encoding_header
+from prime_traces._models import UploadReceipt
+from prime_traces._pool import DaemonPool
+from prime_traces._report import BatchOutcome, BatchStatus, UploadReport
+from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS, upload_retrying
+from prime_traces._transport import Transport
+from prime_traces.errors import (
+    APIError,
+    RetryableAPIError,
+    TransportError,
+    UploadError,
+)
+
+logger = logging.getLogger(__name__)
+
+LINE_FORMATS = ("trace", "episode")
+#: How long a cancelled upload waits for requests already in flight.
+DEFAULT_ABANDON_AFTER_S = 1.0
+# How often a cancellable upload looks at its cancel event while it waits.
+_CANCEL_CHECK_S = 0.02
+
+OnBatch = Callable[[Batch, UploadReceipt], Any]
+
+
+@dataclass(frozen=True)
+class UploadSettings:
+    """Everything one upload needs besides its lines."""
+
+    line_format: str = "trace"
+    context: dict[str, str] | None = None
+    schema_version: int = 1
+    target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES
+    max_attempts: int = DEFAULT_UPLOAD_ATTEMPTS
+
+    def validate(self) -> None:
+        if self.line_format not in LINE_FORMATS:
+            raise ValueError(f"line_format must be 'trace' or 'episode', not {self.line_format!r}")
+        if not 0 < self.target_batch_bytes <= MAX_BATCH_BYTES:
+            raise ValueError(f"target_batch_bytes must be within 1..{MAX_BATCH_BYTES}, not {self.target_batch_bytes}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        if self.context is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.context.items()
+        ):
+            raise ValueError("context must map strings to strings")
+
+    def metadata(self) -> bytes:
+        # The reference client writes it with spaces after separators.
+        meta: dict[str, Any] = {"schema_version": self.schema_version}
+        if self.context:
+            meta["context"] = self.context
+        return json.dumps(meta).encode()
+
+
+class Sender:
+    """Sends one batch with retries; runs on pool threads."""
+
+    def __init__(self, transport: Transport, selector: CodingSelector, *, zstd_level: int,
+                 sleep: Callable[[float], None] | None = None) -> None:  # fmt: skip
+        self.transport = transport
+        self.selector = selector
+        self.zstd_level = zstd_level
+        self.sleep = sleep
+        self.url = transport.config.base_url + "/api/v1/traces"
+
+    def send(self, batch: Batch, settings: UploadSettings, cancel: threading.Event | None) -> UploadReceipt:
+        key = batch.key
+        metadata = settings.metadata()
+        retrying = upload_retrying(settings.max_attempts, cancel=cancel, sleep=self.sleep)
+        return retrying(self._attempt, batch, key, metadata, settings.line_format)
+
+    def _attempt(self, batch: Batch, key: str, metadata: bytes, line_format: str) -> UploadReceipt:
+        coding = self.selector.current()
+        try:
+            return self._post(batch, key, metadata, line_format, coding)
+        except APIError as err:
+            if err.status_code == 415 and coding == ZSTD:
+                self.selector.refused(ZSTD)
+                return self._post(batch, key, metadata, line_format, self.selector.current())
+            raise
+
+    def _post(self, batch: Batch, key: str, metadata: bytes, line_format: str, coding: str) -> UploadReceipt:
+        boundary = uuid.uuid4().hex
+        encoding = content_encoding_header(coding)
+        part_headers = 'Content-Disposition: form-data; name="traces"; filename="traces.jsonl"\r\n'
+        part_headers += "Content-Type: application/x-ndjson\r\n"
+        if encoding:
+            part_headers += f"Content-Encoding: {encoding}\r\n"
+        head = (
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n"
+            f"Content-Type: application/json\r\n\r\n"
+        ).encode() + metadata + f"\r\n--{boundary}\r\n{part_headers}\r\n".encode()
+        body = b"".join((head, compress(batch.body, coding, zstd_level=self.zstd_level),
+                         f"\r\n--{boundary}--\r\n".encode()))  # fmt: skip
+        headers = {"Idempotency-Key": key, "Content-Type": f"multipart/form-data; boundary={boundary}"}
+        if line_format == "episode":
+            headers["X-Prime-Line-Format"] = "episode"
+        resp = self.transport.request("POST", self.url, data=body, headers=headers)
+        self.selector.observe(resp.headers)
+        try:
+            payload = orjson.loads(resp.content)
+            return UploadReceipt.from_dict(payload)
+        except (orjson.JSONDecodeError, TypeError, ValueError, KeyError) as err:
+            # The batch may be stored: resending is safe (a replay) and gets the receipt.
+            raise TransportError(f"upload answered {resp.status_code} without a valid receipt") from err
+
+
+def outcome_of(batch: Batch, future: Future[UploadReceipt] | None) -> BatchOutcome:
+    """The outcome of a batch from its finished future (``None``: abandoned)."""
+    base = dict(index=batch.index, line_indexes=batch.line_indexes, key=batch.key)
+    if future is None or not future.done():
+        return BatchOutcome(**base, status=BatchStatus.ABANDONED)
+    err = future.exception()
+    if err is None:
+        return BatchOutcome(**base, status=BatchStatus.COMMITTED, receipt=future.result())
+    if isinstance(err, (RetryableAPIError, TransportError)) or not isinstance(err, APIError):
+        return BatchOutcome(**base, status=BatchStatus.FAILED, error=err, code=getattr(err, "code", None))
+    rejected = batch.input_index_of(err.line) if err.line is not None else None
+    return BatchOutcome(**base, status=BatchStatus.REJECTED, error=err, code=err.code,
+                        rejected_line=rejected, record_id=err.record_id)  # fmt: skip
+
+
+class Upload:
+    """One call of ``upload_lines``: the window, the order, the stop."""
+
+    def __init__(self, pool: DaemonPool, sender: Sender, settings: UploadSettings, *, max_in_flight: int,
+                 on_batch: OnBatch | None, cancel: threading.Event | None,
+                 abandon_after_s: float = DEFAULT_ABANDON_AFTER_S) -> None:  # fmt: skip
+        self.pool = pool
+        self.sender = sender
+        self.settings = settings
+        self.max_in_flight = max_in_flight
+        self.on_batch = on_batch
+        self.cancel = cancel
+        self.abandon_after_s = abandon_after_s
+        self.window: collections.deque[tuple[Batch, Future[UploadReceipt]]] = collections.deque()
+        self.report = UploadReport()
+        self.receipts: list[UploadReceipt] = []
+        self.failure: BaseException | None = None
+        self.next_line = 0
+        self._on_batch_failed = False
+        self._wake = threading.Event()
+
+    def run(self, lines: Iterable[Any]) -> list[UploadReceipt]:
+        batches = iter_batches(lines, target_batch_bytes=self.settings.target_batch_bytes)
+        exhausted = False
+        sent_any = False
+        while True:
+            self._wake.clear()
+            # Collect first: a failure seen now must stop the refill below.
+            self._collect()
+            while not exhausted and self.failure is None and not self._cancelled() and self._has_room():
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    exhausted = True
+                    break
+                except Exception as err:  # a line or record that cannot be sent
+                    if not sent_any:
+                        raise
+                    self.failure = err
+                    break
+                future = self.pool.submit(self.sender.send, batch, self.settings, self.cancel)
+                future.add_done_callback(lambda _f: self._wake.set())
+                self.window.append((batch, future))
+                self.next_line = batch.line_indexes[-1] + 1
+                sent_any = True
+            if not self.window:
+                break
+            if self._cancelled():
+                self._abandon()
+                break
+            self._wake.wait(_CANCEL_CHECK_S if self.cancel is not None else None)
+        cancelled_early = self._cancelled() and not exhausted
+        if self.failure is None and not cancelled_early:
+            return self.receipts
+        if not exhausted:
+            self.report.unsent_from_line = self.next_line
+        raise self._error(cancelled_early)
+
+    def _has_room(self) -> bool:
+        # At most max_in_flight requests run; finished batches waiting behind a
+        # slow head-of-line batch may add as many again (bounded memory).
+        running = sum(1 for _, future in self.window if not future.done())
+        return running < self.max_in_flight and len(self.window) < 2 * self.max_in_flight
+
+    def _cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def _collect(self) -> None:
+        """Hand out receipts in order; note the first failure anywhere in the window."""
+        while self.window and self.window[0][1].done():
+            batch, future = self.window.popleft()
+            outcome = outcome_of(batch, future)
+            self.report.batches.append(outcome)
+            if outcome.status is BatchStatus.COMMITTED:
+                assert outcome.receipt is not None
+                self.receipts.append(outcome.receipt)
+                # Committed batches are announced even after a failure elsewhere:
+                # they are stored, and the caller's accounting must say so.
+                if self.on_batch is not None and not self._on_batch_failed:
+                    try:
+                        self.on_batch(batch, outcome.receipt)
+                    except Exception as err:
+                        self._on_batch_failed = True
+                        self.failure = self.failure or err
+            elif self.failure is None:
+                self.failure = outcome.error
+        if self.failure is None:
+            for _, future in self.window:
+                if future.done() and future.exception() is not None:
+                    self.failure = future.exception()
+                    break
+
+    def _abandon(self) -> None:
+        deadline = time.monotonic() + self.abandon_after_s
+        for _, future in self.window:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                future.exception(timeout=remaining)
+            except Exception:  # concurrent.futures.TimeoutError: still in flight
+                break
+        while self.window:
+            batch, future = self.window.popleft()
+            self.report.batches.append(outcome_of(batch, future if future.done() else None))
+
+    def _error(self, cancelled: bool) -> UploadError:
+        first = self.report.first_failure
+        cause = self.failure if self.failure is not None else (first.error if first else None)
+        if cancelled and self.failure is None:
+            message = "upload cancelled: " + self.report.summary()
+        else:
+            where = f" in batch {first.index}" if first is not None else ""
+            message = f"upload stopped{where}: {cause}; {self.report.summary()}"
+        error = UploadError(message, self.report, cause if isinstance(cause, BaseException) else None)
+        if isinstance(cause, BaseException):
+            error.__cause__ = cause
+        return error
+
+
+def iter_lines_checked(lines: Iterable[Any]) -> Iterator[Any]:
+    """``lines`` unchanged; a bare ``str``/``bytes`` is refused (it is one document, not lines)."""
+    if isinstance(lines, (str, bytes, bytearray)):
+        raise TypeError("lines must be an iterable of lines, not a single str or bytes")
+    return iter(lines)
+

@@ -1,0 +1,171 @@
+"""``TracesClient``: uploads and reads against a Traces service."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prime_traces._batching import DEFAULT_TARGET_BATCH_BYTES, iter_file_lines
+from prime_traces._compress import DEFAULT_ZSTD_LEVEL, CodingSelector
+from prime_traces._config import READ_TIMEOUT_S, resolve_config
+from prime_traces._encode import encode_record
+from prime_traces._models import UploadReceipt
+from prime_traces._pool import DaemonPool
+from prime_traces._read_api import ReadAPI
+from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
+from prime_traces._transport import Transport
+from prime_traces._uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Sender, Upload, UploadSettings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_IN_FLIGHT = 8
+#: The most uploads in flight the service allows per credential (contract §9).
+MAX_IN_FLIGHT_LIMIT = 8
+
+
+def is_episode_record(record: Any) -> bool:
+    """A mapping with a ``traces`` key, or an object with a ``traces`` attribute (contract §7)."""
+    if isinstance(record, dict) or hasattr(record, "keys"):
+        try:
+            return "traces" in record
+        except TypeError:
+            return False
+    return hasattr(record, "traces")
+
+
+class TracesClient(ReadAPI):
+    """A client for the Traces service: concurrent ordered uploads, and reads.
+
+    Configuration: each argument, else ``PRIME_API_KEY`` / ``PRIME_TRACES_URL``
+    / ``PRIME_TEAM_ID``, else ``~/.prime/config.json``, else the default.
+    Uploads keep up to ``max_in_flight`` requests in flight on daemon threads
+    that never hold up interpreter exit; receipts come back in batch order.
+    Thread-safe: several threads may upload at once and share the in-flight
+    limit. After ``fork`` the child builds its own sessions and threads.
+
+    Usage::
+
+        with TracesClient() as client:
+            receipts = client.upload_records(episodes, line_format="episode")
+            page = client.list(run_id="run-1")
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        team_id: str | None = None,
+        *,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        compression: str = "auto",
+        timeout_s: float = READ_TIMEOUT_S,
+        zstd_level: int = DEFAULT_ZSTD_LEVEL,
+        abandon_after_s: float = DEFAULT_ABANDON_AFTER_S,
+        config_path: str | os.PathLike[str] | None = None,
+        _sleep: Any = None,
+    ) -> None:
+        if not 1 <= max_in_flight <= MAX_IN_FLIGHT_LIMIT:
+            raise ValueError(
+                f"max_in_flight must be between 1 and {MAX_IN_FLIGHT_LIMIT} (the service allows at "
+                f"most {MAX_IN_FLIGHT_LIMIT} uploads in flight per credential), not {max_in_flight}"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be greater than 0, not {timeout_s}")
+        config = resolve_config(api_key, base_url, team_id, config_path=config_path)
+        transport = Transport(config, timeout_s=timeout_s)
+        super().__init__(transport)
+        self.config = config
+        self.max_in_flight = max_in_flight
+        self.abandon_after_s = abandon_after_s
+        self._selector = CodingSelector(compression)
+        self._sender = Sender(transport, self._selector, zstd_level=zstd_level, sleep=_sleep)
+        self._pool = DaemonPool(max_in_flight, name="prime-traces-upload")
+        self._closed = threading.Event()
+
+    def __repr__(self) -> str:
+        return (
+            f"TracesClient(base_url={self.config.base_url!r}, max_in_flight={self.max_in_flight}, "
+            f"compression={self._selector.compression!r})"
+        )
+
+    def upload_lines(
+        self,
+        lines: Iterable[bytes | str],
+        *,
+        line_format: str = "trace",
+        context: dict[str, str] | None = None,
+        schema_version: int = 1,
+        target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
+        max_attempts: int = DEFAULT_UPLOAD_ATTEMPTS,
+        on_batch: OnBatch | None = None,
+        cancel: threading.Event | None = None,
+    ) -> list[UploadReceipt]:
+        """Upload JSONL lines; return the receipts in batch order.
+
+        Lines are batched deterministically (30 MiB by default, the SHA-256 of
+        each batch's bytes its idempotency key), so re-running an upload
+        replays instead of storing twice. ``on_batch(batch, receipt)`` runs on
+        this thread, in batch order, as each head-of-line batch commits.
+
+        Raises:
+            TraceTooLargeError, TypeError: a line cannot be sent, found before
+                any request went out.
+            UploadError: once requests have gone out, any failure or a set
+                ``cancel``; its ``report`` says what became of every line.
+        """
+        if isinstance(lines, (str, bytes, bytearray)):
+            raise TypeError("lines must be an iterable of lines, not a single str or bytes")
+        if self._closed.is_set():
+            raise RuntimeError("this TracesClient is closed")
+        settings = UploadSettings(line_format, context, schema_version, target_batch_bytes, max_attempts)
+        settings.validate()
+        upload = Upload(self._pool, self._sender, settings, max_in_flight=self.max_in_flight,
+                        on_batch=on_batch, cancel=cancel, abandon_after_s=self.abandon_after_s)  # fmt: skip
+        return upload.run(lines)
+
+    def upload_records(
+        self, records: Iterable[Any], *, line_format: str | None = None, **kwargs: Any
+    ) -> list[UploadReceipt]:
+        """Upload records, encoded lazily one at a time as batches fill.
+
+        Records are mappings, objects with ``to_record()``, or objects whose
+        ``to_json()`` returns the record's JSON bytes (sent as they are).
+        ``line_format`` defaults to ``"episode"`` when the first record has
+        ``traces``, else ``"trace"``. Other arguments as :meth:`upload_lines`.
+        """
+        iterator = iter(records)
+        first = next(iterator, None)
+        if first is None:
+            return []
+        if line_format is None:
+            line_format = "episode" if is_episode_record(first) else "trace"
+        return self.upload_lines(
+            _encoded(itertools.chain((first,), iterator)), line_format=line_format, **kwargs
+        )
+
+    def upload_file(self, path: str | os.PathLike[str], **kwargs: Any) -> list[UploadReceipt]:
+        """Upload a JSONL file, streamed; arguments as :meth:`upload_lines`."""
+        return self.upload_lines(iter_file_lines(path), **kwargs)
+
+    def close(self) -> None:
+        """Release sessions and threads. Requests still running are abandoned."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._pool.shutdown(timeout_s=0)
+        self._transport.close()
+
+    def __enter__(self) -> TracesClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _encoded(records: Iterable[Any]) -> Iterator[bytes]:
+    for index, record in enumerate(records):
+        yield encode_record(record, index)

@@ -1,0 +1,377 @@
+"""TracesClient uploads against the local service on loopback."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import orjson
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prime_traces import TracesClient, UploadError
+from prime_traces._batching import iter_batches
+from prime_traces._report import BatchStatus, LineStatus
+from prime_traces.server import LocalTracesService
+from _wire import trace
+
+TOKEN = "client-test-token"
+NOW = time.time()
+
+
+def client_for(svc: LocalTracesService, **kwargs) -> TracesClient:
+    return TracesClient(api_key=TOKEN, base_url=svc.url, **kwargs)
+
+
+def lines_of(n: int, *, pad: int = 0, prefix: str = "t") -> list[bytes]:
+    """``n`` trace lines, the same bytes on every call within a test run."""
+    timing = {"start": NOW, "scoring": {"start": NOW + 1, "end": NOW + 2}}
+    return [orjson.dumps(trace(f"{prefix}-{i}", info={"pad": "x" * pad}, timing=timing, calls=[])) for i in range(n)]
+
+
+def stored_trace_ids(svc: LocalTracesService) -> set[str]:
+    with svc.state.store.reader() as conn:
+        return {row[0] for row in conn.execute("SELECT trace_id FROM traces")}
+
+
+def test_upload_lines_commits_every_line_and_returns_receipts_in_order(service):
+    lines = lines_of(40, pad=2000)
+    with client_for(service) as client:
+        receipts = client.upload_lines(lines, target_batch_bytes=20_000)
+    batches = list(iter_batches(lines, target_batch_bytes=20_000))
+    assert len(batches) > 3
+    assert [r.upload_id for r in receipts] == [b.key.removeprefix("sha256:") for b in batches]
+    assert all(r.status == "committed" for r in receipts)
+    assert stored_trace_ids(service) == {f"t-{i}" for i in range(40)}
+
+
+def test_second_upload_of_the_same_lines_is_all_replays(service):
+    lines = lines_of(20, pad=1000)
+    with client_for(service) as client:
+        first = client.upload_lines(lines, target_batch_bytes=8_000)
+        second = client.upload_lines(lines, target_batch_bytes=8_000)
+    stats = service.stats()
+    assert first == second
+    assert stats["uploads"] == len(first)
+    assert stats["replays"] == len(first)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    docs=st.lists(
+        st.dictionaries(st.text(min_size=1, max_size=5), st.text(max_size=300), max_size=4),
+        min_size=1,
+        max_size=25,
+    ),
+    target=st.integers(min_value=50, max_value=3000),
+)
+def test_same_records_give_same_batches_and_keys(service, docs, target):
+    records = [{**doc, "id": f"h-{i}", "timing": {"start": 1.7e9}} for i, doc in enumerate(docs)]
+    lines = [orjson.dumps(r) for r in records]
+    first = [(b.key, b.line_indexes) for b in iter_batches(lines, target_batch_bytes=target)]
+    again = [(b.key, b.line_indexes) for b in iter_batches(list(lines), target_batch_bytes=target)]
+    assert first == again
+    assert [i for _, idx in first for i in idx] == list(range(len(lines)))
+
+
+def test_upload_records_encodes_mappings_objects_and_self_encoding_records(service):
+    class ToRecord:
+        def to_record(self):
+            return trace("obj-1")
+
+    class ToJson:
+        def to_json(self):
+            return orjson.dumps(trace("json-1"))
+
+    with client_for(service) as client:
+        receipts = client.upload_records([trace("map-1"), ToRecord(), ToJson()])
+    assert len(receipts) == 1
+    assert stored_trace_ids(service) == {"map-1", "obj-1", "json-1"}
+
+
+def test_upload_records_picks_episode_format_from_the_first_record(service):
+    episode = {"id": "ep-1", "traces": [trace("m-1"), trace("m-2")], "env": {"id": "env"}}
+    with client_for(service) as client:
+        client.upload_records([episode])
+    with service.state.store.reader() as conn:
+        assert conn.execute("SELECT episode_id FROM episodes").fetchall()[0][0] == "ep-1"
+    assert stored_trace_ids(service) == {"m-1", "m-2"}
+
+
+def test_at_least_three_uploads_are_in_flight_at_once(tmp_path):
+    barrier = threading.Barrier(3)
+    with LocalTracesService(tmp_path / "db", before_upload=lambda: barrier.wait(timeout=20)) as svc:
+        with client_for(svc, max_in_flight=4) as client:
+            receipts = client.upload_lines(lines_of(6, pad=900), target_batch_bytes=2_000)
+        assert len(receipts) == 6
+        assert svc.stats()["max_in_flight"][_producer()] >= 3
+
+
+def test_the_service_never_sees_more_than_max_in_flight(tmp_path):
+    with LocalTracesService(tmp_path / "db", latency_ms=30) as svc:
+        with client_for(svc, max_in_flight=2) as client:
+            client.upload_lines(lines_of(12, pad=900), target_batch_bytes=2_000)
+        stats = svc.stats()
+    assert stats["uploads"] == 12
+    assert stats["max_in_flight"][_producer()] == 2
+
+
+def _producer() -> str:
+    from prime_traces.server._http import producer_of
+
+    return producer_of(TOKEN)
+
+
+def test_receipts_and_on_batch_come_in_batch_order_when_later_batches_finish_first(tmp_path):
+    lines = lines_of(8, pad=900)
+    batches = list(iter_batches(lines, target_batch_bytes=2_000))
+    first_key = batches[0].key
+    others_committed = threading.Event()
+    committed_others = []
+    lock = threading.Lock()
+
+    def on_upload(key: str) -> None:
+        if key == first_key:
+            assert others_committed.wait(timeout=20)
+            return
+        with lock:
+            committed_others.append(key)
+            if len(committed_others) == len(batches) - 1:
+                others_committed.set()
+
+    calls = []
+    with LocalTracesService(tmp_path / "db", on_upload=on_upload) as svc:
+        with client_for(svc, max_in_flight=8) as client:
+            receipts = client.upload_lines(
+                lines,
+                target_batch_bytes=2_000,
+                on_batch=lambda b, r: calls.append((b.index, r.upload_id, threading.current_thread())),
+            )
+    assert [c[0] for c in calls] == list(range(len(batches)))
+    assert [c[1] for c in calls] == [r.upload_id for r in receipts]
+    assert {c[2] for c in calls} == {threading.current_thread()}
+    assert committed_others[0] != first_key
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 4])
+def test_fail_stop_reports_every_line_as_the_service_stored_it(tmp_path, max_in_flight):
+    lines = lines_of(16, pad=900)
+    lines[9] = orjson.dumps(trace("t-9", info={"pad": "POISON"}))
+    with LocalTracesService(tmp_path / "db", reject_marker="POISON") as svc:
+        with client_for(svc, max_in_flight=max_in_flight) as client:
+            with pytest.raises(UploadError) as caught:
+                client.upload_lines(lines, target_batch_bytes=2_000)
+        stored = stored_trace_ids(svc)
+        attempts = svc.stats()["upload_attempts"]
+    report = caught.value.report
+    rejected = next(b for b in report.batches if b.status is BatchStatus.REJECTED)
+    assert rejected.rejected_line == 9
+    assert rejected.code == "invalid_trace"
+    assert report.status_of(9) is LineStatus.REJECTED
+    for index in range(16):
+        status = report.status_of(index)
+        assert (status is LineStatus.COMMITTED) == (f"t-{index}" in stored), (index, status)
+    sent = sum(len(b.line_indexes) for b in report.batches)
+    if max_in_flight == 1:
+        # Nothing starts after the failure is seen.
+        assert attempts == rejected.index + 1
+        assert report.unsent_from_line == rejected.line_indexes[-1] + 1
+        assert report.status_of(15) is LineStatus.UNSENT
+    assert attempts == len(report.batches)
+    assert sent + (16 - report.unsent_from_line if report.unsent_from_line is not None else 0) == 16
+
+
+def test_retry_after_is_honoured_with_the_same_bytes_and_key(tmp_path):
+    waits: list[float] = []
+    with LocalTracesService(tmp_path / "db", fail_count=2, fail_status=429, fail_retry_after_s=7) as svc:
+        with client_for(svc, _sleep=waits.append) as client:
+            receipts = client.upload_lines(lines_of(3))
+        stats = svc.stats()
+    assert waits == [7.0, 7.0]
+    assert len(receipts) == 1
+    assert stats["uploads"] == 1
+    assert stats["upload_attempts"] == 3
+    assert stats["rejections"]["rate_limited"] == 2
+
+
+def test_a_503_storm_past_max_attempts_fails_the_batch_transiently(tmp_path):
+    waits: list[float] = []
+    with LocalTracesService(tmp_path / "db", fail_fraction=1.0, fail_status=503, fail_retry_after_s=None) as svc:
+        with client_for(svc, _sleep=waits.append) as client:
+            with pytest.raises(UploadError) as caught:
+                client.upload_lines(lines_of(3), max_attempts=3)
+        assert svc.stats()["upload_attempts"] == 3
+    assert len(waits) == 2
+    assert all(0.5 <= w <= 1.5 * 4 for w in waits)
+    (batch,) = caught.value.report.batches
+    assert batch.status is BatchStatus.FAILED
+    assert caught.value.report.status_of(0) is LineStatus.FAILED
+
+
+def test_a_connection_dropped_after_the_body_is_retried_and_stored_once(tmp_path):
+    with LocalTracesService(tmp_path / "db", drop_after_body=1, drop_after_commit=True) as svc:
+        with client_for(svc, _sleep=lambda s: None) as client:
+            receipts = client.upload_lines(lines_of(5))
+        stats = svc.stats()
+    assert len(receipts) == 1
+    assert stats["uploads"] == 1
+    assert stats["replays"] == 1
+
+
+def test_auto_compression_sends_zstd_only_after_the_service_advertises_it(service):
+    seen: list[str] = []
+    original = service.faults
+
+    def record(_key: str) -> None:
+        seen.append("x")
+
+    original.on_upload = record
+    with client_for(service) as client:
+        assert client._selector.current() == "gzip"
+        client.upload_lines(lines_of(2))
+        assert client._selector.current() == "zstd"
+        client.upload_lines(lines_of(2, prefix="u"))
+    assert len(seen) == 2
+
+
+def test_cancel_stops_new_requests_and_reports_what_committed(tmp_path):
+    cancel = threading.Event()
+    lines = lines_of(10, pad=900)
+    batches = list(iter_batches(lines, target_batch_bytes=2_000))
+
+    def on_upload(key: str) -> None:
+        if key == batches[1].key:
+            cancel.set()
+            svc.state.stopping.wait(10)
+
+    with LocalTracesService(tmp_path / "db", on_upload=on_upload) as svc:
+        with client_for(svc, max_in_flight=1, abandon_after_s=0.2) as client:
+            started = time.monotonic()
+            with pytest.raises(UploadError) as caught:
+                client.upload_lines(lines, target_batch_bytes=2_000, cancel=cancel)
+            elapsed = time.monotonic() - started
+    report = caught.value.report
+    assert [b.status for b in report.batches] == [BatchStatus.COMMITTED, BatchStatus.ABANDONED]
+    assert report.status_of(0) is LineStatus.COMMITTED
+    assert report.status_of(1) is LineStatus.ABANDONED
+    assert report.status_of(2) is LineStatus.UNSENT
+    assert elapsed < 5
+
+
+def test_bad_records_get_clear_errors_naming_the_record(service):
+    class BadToRecord:
+        def to_record(self):
+            return ["not", "a", "mapping"]
+
+    with client_for(service) as client:
+        with pytest.raises(ValueError, match="record 1"):
+            client.upload_records([trace("ok"), {"id": "nan", "x": float("nan")}])
+        with pytest.raises(TypeError, match=r"record 2.*set"):
+            client.upload_records([trace("a"), trace("b"), {"id": "s", "x": {1, 2}}])
+        with pytest.raises(TypeError, match="record 0"):
+            client.upload_records([BadToRecord()])
+    assert service.stats()["upload_attempts"] == 0
+
+
+@pytest.mark.slow
+def test_a_line_over_64_mib_is_refused_before_any_request(service):
+    from prime_traces import TraceTooLargeError
+
+    big = b'{"id": "big", "pad": "' + b"x" * (65 * 1024 * 1024) + b'"}'
+    with client_for(service) as client:
+        with pytest.raises(TraceTooLargeError, match="line 1"):
+            client.upload_lines([big])
+    assert service.stats()["upload_attempts"] == 0
+
+
+def test_numpy_arrays_encode_like_lists(service):
+    np = pytest.importorskip("numpy")
+    with client_for(service) as client:
+        client.upload_records([trace("np", info={"a": np.arange(3), "f": np.float32(0.5)})])
+    with service.state.store.reader() as conn:
+        (raw,) = conn.execute("SELECT raw FROM trace_docs").fetchone()
+    assert orjson.loads(raw)["info"] == {"a": [0, 1, 2], "f": 0.5}
+
+
+def test_wire_format_is_the_contracts(tmp_path):
+    """Capture one upload as the service received it and check it against §2."""
+    captured = {}
+
+    import prime_traces.server._upload as upload_route
+
+    original = upload_route._process
+
+    def capture(req, body, digest, raw_format):
+        captured.update(headers=dict(req.headers), body=body, digest=digest, fmt=raw_format)
+        return original(req, body, digest, raw_format)
+
+    upload_route._process = capture
+    try:
+        with LocalTracesService(tmp_path / "db") as svc:
+            with client_for(svc, compression="gzip") as client:
+                client.upload_lines(lines_of(3), line_format="trace", context={"k": "v"})
+    finally:
+        upload_route._process = original
+    headers, body = captured["headers"], captured["body"]
+    assert headers["User-Agent"].startswith("prime-traces/0.0.10 python/")
+    assert headers["Authorization"] == f"Bearer {TOKEN}"
+    assert "X-Prime-Line-Format" not in headers
+    assert headers["Content-Length"] == str(len(body))
+    assert "Transfer-Encoding" not in headers
+    boundary = headers["Content-Type"].split("boundary=")[1].encode()
+    parts = body.split(b"--" + boundary)
+    meta_head, meta_body = parts[1].split(b"\r\n\r\n", 1)
+    assert b'name="metadata"' in meta_head and b"Content-Type: application/json" in meta_head
+    assert orjson.loads(meta_body) == {"schema_version": 1, "context": {"k": "v"}}
+    traces_head, traces_body = parts[2].split(b"\r\n\r\n", 1)
+    assert b'name="traces"; filename="traces.jsonl"' in traces_head
+    assert b"Content-Type: application/x-ndjson" in traces_head
+    assert b"Content-Encoding: gzip" in traces_head
+    payload = traces_body[: -len(b"\r\n")]
+    assert payload[3] == 0 and payload[4:8] == b"\0\0\0\0"  # no flags, mtime 0
+    assert payload[8] == 4  # XFL 4: the fastest level
+    raw = gzip.decompress(payload)
+    assert raw == b"".join(line + b"\n" for line in lines_of(3))
+    assert headers["Idempotency-Key"] == "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert payload == gzip.compress(raw, compresslevel=1, mtime=0)
+
+
+def test_zstd_uploads_decode_to_the_same_bytes(service):
+    with client_for(service, compression="zstd") as client:
+        (receipt,) = client.upload_lines(lines_of(4))
+    assert receipt.upload_id == hashlib.sha256(b"".join(l + b"\n" for l in lines_of(4))).hexdigest()
+    assert zstandard  # the coding the service decoded
+
+
+def test_a_process_whose_uploads_hang_exits_promptly_when_main_returns(tmp_path):
+    with LocalTracesService(tmp_path / "db", hang_uploads=True) as svc:
+        script = textwrap.dedent(
+            f"""
+            import threading, orjson, requests, sys
+            from prime_traces import TracesClient
+            client = TracesClient(api_key="k", base_url={svc.url!r})
+            line = orjson.dumps({{"id": "x", "timing": {{"start": 1.7e9}}}})
+            threading.Thread(target=client.upload_lines, args=([line],), daemon=True).start()
+            while not requests.get({svc.url!r} + "/api/v1/_stats",
+                                   headers={{"Authorization": "Bearer k"}}).json().get("upload_attempts"):
+                threading.Event().wait(0.01)
+            print("main returns", flush=True)
+            """
+        )
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+        try:
+            assert proc.stdout.readline().strip() == "main returns"
+            started = time.monotonic()
+            assert proc.wait(timeout=10) == 0
+            assert time.monotonic() - started < 2.0
+        finally:
+            proc.kill()
