@@ -1,4 +1,4 @@
-"""The client commands of ``prime-traces``: list, get, download, delete, delete-run.
+"""The client commands of ``prime-traces``: upload, list, get, download, delete, delete-run.
 
 :func:`add_client_commands` registers them on the CLI's subparsers; each sets
 ``func(args) -> int`` (exit status) as ``serve`` does. Output is a table or
@@ -24,7 +24,8 @@ from prime_traces._config import ENV_API_KEY, ENV_TEAM_ID, ENV_TRACES_URL, resol
 from prime_traces._models import TraceSummary
 from prime_traces._read_api import ReadAPI
 from prime_traces._transport import Transport
-from prime_traces.errors import PrimeTracesError
+from prime_traces.client import TracesClient
+from prime_traces.errors import PrimeTracesError, UploadError
 
 PROG = "prime-traces"
 Command = Callable[[ReadAPI, argparse.Namespace], None]
@@ -71,8 +72,19 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def add_client_commands(subparsers: Any) -> None:
-    """Add ``list``, ``get``, ``download``, ``delete`` and ``delete-run`` to ``subparsers``."""
+    """Add ``upload``, ``list``, ``get``, ``download``, ``delete`` and ``delete-run``."""
     common = [_common_options()]
+    p = subparsers.add_parser("upload", parents=common, help="upload a JSONL file",
+                              description="Upload a JSONL file of traces (or, with --episode, of "
+                                          "episode envelopes). Re-running it replays: nothing is "
+                                          "stored twice.")  # fmt: skip
+    p.add_argument("path", metavar="FILE")
+    p.add_argument("--episode", action="store_true", help="each line is an episode envelope")
+    p.add_argument("--context", dest="context", action="append", type=_context_pair, default=None,
+                   metavar="KEY=VALUE", help="repeatable: stored with every trace")  # fmt: skip
+    p.add_argument("--max-in-flight", type=int, default=None, help="requests in flight (1..8, default 8)")
+    p.add_argument("--json", action="store_true", help="print the receipts as one JSON document")
+    p.set_defaults(func=_command(_upload))
     p = subparsers.add_parser("list", parents=common, help="list traces, newest first",
                               description="List one page of traces, newest first.")  # fmt: skip
     for option, dest, kwargs in _LIST_FILTERS:
@@ -116,8 +128,10 @@ def _command(body: Command) -> Callable[[argparse.Namespace], int]:
         try:
             config = resolve_config(api_key=args.api_key, base_url=args.base_url, team_id=args.team_id)
             api_key = config.api_key
-            transport = Transport(config)
-            body(ReadAPI(transport), args)
+            options = {"max_in_flight": args.max_in_flight} if getattr(args, "max_in_flight", None) else {}
+            client = TracesClient(config.api_key, config.base_url, config.team_id, **options)
+            transport = client._transport
+            body(client, args)
             return 0
         except KeyboardInterrupt:
             _fail("interrupted", api_key)
@@ -165,6 +179,22 @@ def _text(value: Any) -> str:
 def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _upload(api: ReadAPI, args: argparse.Namespace) -> None:
+    assert isinstance(api, TracesClient)
+    context = dict(args.context) if args.context else None
+    line_format = "episode" if args.episode else "trace"
+    try:
+        receipts = api.upload_file(args.path, line_format=line_format, context=context)
+    except UploadError as err:
+        raise PrimeTracesError(f"{err} (re-running the upload resends only what is missing)") from err
+    if args.json:
+        _print_json([r.to_dict() for r in receipts])
+        return
+    for receipt in receipts:
+        print(f"{receipt.upload_id}  {receipt.status}")
+    print(f"{len(receipts)} batch(es) committed from {args.path}")
 
 
 def _list(api: ReadAPI, args: argparse.Namespace) -> None:
