@@ -1,17 +1,12 @@
 """Encode upload records as compact, strict JSON without holding the GIL for long.
 
-One ``orjson.dumps`` of a 35 MB episode holds the GIL for ~100 ms, stalling
-the caller's event loop and every other thread for as long. Records whose
-estimated encoding passes ``CHUNK_THRESHOLD_BYTES`` are therefore encoded piece
-by piece: runs of dict items and list elements of about ``PIECE_BYTES`` each,
-descending into any value too big to be one piece, with ``time.sleep(0)``
-about every ``YIELD_INTERVAL_S`` so that waiting threads get the GIL. The
-pieces join into bytes identical to one ``orjson.dumps`` of the record, which
-is what smaller records get.
-
-The JSON is strict: orjson writes NaN and ±Infinity as ``null``, so floats
-are checked on the way (a C-speed ``sum`` per list of numbers, ``isfinite``
-per numpy float array) and refused.
+One ``orjson.dumps`` of a 35 MB episode holds the GIL for ~100 ms, stalling every
+other thread. A record estimated above ``CHUNK_THRESHOLD_BYTES`` is encoded in
+pieces of about ``PIECE_BYTES`` (runs of dict items and list elements, descending
+into values too big for one piece) with ``time.sleep(0)`` about every
+``YIELD_INTERVAL_S``; the pieces join into the bytes of one ``orjson.dumps``.
+orjson writes NaN and ±Infinity as ``null``, so the scan that sizes a value
+checks its floats too, and a long list of numbers is checked through its output.
 """
 
 from __future__ import annotations
@@ -25,27 +20,26 @@ from typing import Any
 
 import orjson
 
-CHUNK_THRESHOLD_BYTES = 1_000_000
+CHUNK_THRESHOLD_BYTES = 1_000_000  # estimated output size above which a record is chunked
 PIECE_BYTES = 128 * 1024
 YIELD_INTERVAL_S = 0.001
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
-_MAX_DEPTH = 254  # orjson's own nesting limit; also stops a cycle in the chunked path
-_FLOAT_BYTES = 22  # a float32 logprob prints as ~20 characters, a float64 up to 24
-_INT_BYTES = 8
-_SPLIT_ITEMS = 256  # chunked: a list of numbers this long is checked through its own pieces
+_MAX_DEPTH = 254  # orjson's own nesting limit; also ends a cycle in the chunked path
+_FLOAT_BYTES = 22  # a float32 logprob prints as ~20 characters, a float64 as up to 24
+_INT_BYTES = 6
+_NUMBER = (int, float)
+_OWN_PIECE_ITEMS = 1024  # chunked: a list of this many numbers is checked through its own pieces
+_UNPROBED_ITEMS = 64  # chunked: a list of this many other values is gone through item by item
+_SEGMENT_BYTES = 4 << 20  # growing one buffer to the whole output would copy it all at times
 
 
 class _NonFinite(ValueError):
-    def __init__(self, value: object) -> None:
-        super().__init__(value)
-        self.value = value
+    """args[0] is the NaN or ±Infinity found."""
 
 
 class _Unencodable(TypeError):
-    def __init__(self, value: object) -> None:
-        super().__init__(type(value).__name__)
-        self.value = value
+    """args[0] is the value neither orjson nor the default hook can encode."""
 
 
 def _default(obj: object) -> object:
@@ -59,28 +53,26 @@ def _check_numbers(seq: Any) -> bool:
     """Whether seq holds only ints and floats; raises _NonFinite on NaN or ±Infinity."""
     try:
         total = sum(seq)  # C speed, and NaN or ±Infinity anywhere makes the total non-finite
-    except (TypeError, ValueError, OverflowError):  # not all numbers; numpy arrays inside may broadcast
+    except Exception:  # not all numbers (numpy values inside may broadcast or warn): look at each
         return False
     if type(total) is int:
         return True
     if not isinstance(total, float):
-        return False  # numpy scalars, Decimals, arrays: let the element-wise scan judge them
+        return False  # numpy scalars, Decimals: the item-by-item scan judges them
     if not math.isfinite(total):
         for x in seq:
             if isinstance(x, float) and not math.isfinite(x):
                 raise _NonFinite(x)
-    return True  # an overflowing sum of finite floats
+    return True  # finite floats whose sum overflowed
 
 
-def _scan(value: object, limit: int, split_items: int = 0) -> int:
+def _scan(value: object, limit: int, own_piece_items: int = 0) -> int:
     """Estimate value's encoded size and check its floats, returning once past limit.
 
-    A return of at most limit means every float in value was checked, and
-    _NonFinite raised for NaN or ±Infinity; lists of numbers are summed only
-    then, so a scan that stops early wastes no sums. With split_items, a list
-    of numbers (or numpy array) of at least that many items makes the scan
-    return more than limit: the caller gives it pieces of its own, whose
-    output it checks at memchr speed instead.
+    A return of at most limit means every float in value was checked; lists of
+    numbers are summed only then, so a scan that stops early wastes no sums.
+    With own_piece_items, a long list of numbers (or numpy array), or a long
+    list of anything, makes the scan return more than limit at once.
     """
     np = sys.modules.get("numpy")
     size = 0
@@ -91,13 +83,13 @@ def _scan(value: object, limit: int, split_items: int = 0) -> int:
             v = stack.pop()
             t = type(v)
             if t is str:
-                size += len(v) + 2 if v.isascii() else 3 * len(v) + 2
+                size += len(v) + 2 if v.isascii() else 2 * len(v) + 2
             elif t is dict or (t is not list and isinstance(v, dict)):
                 size += 2 + 12 * dict.__len__(v)  # keys: quotes, colon, comma and ~8 characters
                 for x in dict.values(v):  # a subclass's own storage, as orjson reads it
                     tx = type(x)
                     if tx is str:
-                        size += len(x) if x.isascii() else 3 * len(x)
+                        size += len(x) if x.isascii() else 2 * len(x)
                     elif tx is float:
                         if not math.isfinite(x):
                             raise _NonFinite(x)
@@ -110,21 +102,22 @@ def _scan(value: object, limit: int, split_items: int = 0) -> int:
                 if t is not list and t is not tuple:
                     v = list.__getitem__(v, slice(None))
                 n = len(v)
-                kind, last = (type(v[0]), type(v[-1])) if n else (None, None)
-                if (kind is float or kind is int) and (last is float or last is int):
-                    if split_items and n >= split_items:
+                if n and type(v[0]) in _NUMBER and type(v[-1]) in _NUMBER:
+                    if own_piece_items and n >= own_piece_items:
                         return sys.maxsize
-                    size += n * (_FLOAT_BYTES if kind is float else _INT_BYTES)
+                    size += n * (_FLOAT_BYTES if type(v[0]) is float else _INT_BYTES)
                     numbers.append(v)
+                elif own_piece_items and n >= _UNPROBED_ITEMS:
+                    return sys.maxsize
                 else:
                     size += n + 2
                     stack.extend(v)
-            elif t is float or isinstance(v, float):
-                if not math.isfinite(v):
-                    raise _NonFinite(v)
+            elif t is float or isinstance(v, float) or (np is not None and isinstance(v, np.floating)):
+                if not math.isfinite(v):  # numpy's float32 and float16 too
+                    raise _NonFinite(float(v))
                 size += _FLOAT_BYTES
             elif np is not None and isinstance(v, np.ndarray):
-                if split_items and v.size >= split_items:
+                if own_piece_items and v.size >= own_piece_items:
                     return sys.maxsize
                 size += v.size * _FLOAT_BYTES + 2
                 if size > limit:
@@ -133,10 +126,6 @@ def _scan(value: object, limit: int, split_items: int = 0) -> int:
                     raise _NonFinite(v[~np.isfinite(v)].flat[0].item())
                 if v.dtype.kind == "O":
                     stack.extend(v.ravel().tolist())
-            elif np is not None and isinstance(v, np.floating):
-                if not np.isfinite(v):
-                    raise _NonFinite(v.item())
-                size += _FLOAT_BYTES
             else:
                 size += _INT_BYTES
             if size > limit:
@@ -149,34 +138,38 @@ def _scan(value: object, limit: int, split_items: int = 0) -> int:
 
 
 class _Chunker:
-    """One chunked encoding: the output so far, and when the GIL was last released.
+    """One chunked encoding: its output so far, and when it last released the GIL.
 
-    Each piece is a run of items that _scan checked in full, or a run of
-    numbers (list or numpy array) checked through its output. Pieces go
-    without their brackets into a BytesIO, whose getvalue() hands over its
-    buffer without a copy: the output is written once, as one dumps would.
+    A piece is items that _scan checked in full, numbers checked through their
+    output, or part of a string. BytesIO segments hand over their buffers uncopied.
     """
 
     def __init__(self, piece_bytes: int, yield_interval_s: float) -> None:
-        self.piece = piece_bytes
-        self.interval = yield_interval_s
+        self.piece, self.interval = piece_bytes, yield_interval_s
         self.since = time.perf_counter()
+        self.segments: list[bytes] = []
         self.out = io.BytesIO()
-        self.write = self.out.write
 
     def _emit(self, value: object, comma: bool, numbers: bool = False, whole: bool = False) -> None:
         data = orjson.dumps(value, default=_default, option=_OPTIONS)
-        # orjson writes NaN and ±Infinity as null, and numbers have no "n" in
-        # them (memchr speed), so a run of numbers without one needs no scan.
-        if numbers and b"n" in data:
+        if numbers and b"n" in data:  # NaN and ±Infinity came out as null; numbers have no "n"
             _scan(value, sys.maxsize)
+        out = self.out
         if comma:
-            self.write(b",")
-        self.write(data if whole else memoryview(data)[1:-1])
+            out.write(b",")
+        out.write(data if whole else memoryview(data)[1:-1])
+        if out.tell() >= _SEGMENT_BYTES:
+            self.segments.append(out.getvalue())
+            self.out = io.BytesIO()
         now = time.perf_counter()
         if now - self.since >= self.interval:
             time.sleep(0)  # releases the GIL, so a thread waiting for it can take it
             self.since = time.perf_counter()
+
+    def result(self) -> bytes:
+        self.segments.append(self.out.getvalue())
+        # A join of bytes objects over 1 MiB copies with the GIL released.
+        return self.segments[0] if len(self.segments) == 1 else b"".join(self.segments)
 
     def value(self, value: object, depth: int) -> None:
         if depth > _MAX_DEPTH:
@@ -190,22 +183,28 @@ class _Chunker:
             self._list(list.__getitem__(value, slice(None)), depth)
         elif np is not None and isinstance(value, np.ndarray) and value.ndim > 0 and len(value):
             self._array(value)
+        elif type(value) is str:  # JSON escapes per character: parts of a string encode to parts of its JSON
+            self.out.write(b'"')
+            for i in range(0, len(value), self.piece):
+                self._emit(value[i : i + self.piece], False)
+            self.out.write(b'"')
         else:
             self._emit(value, False, numbers=True, whole=True)
 
     def _dict(self, mapping: dict, depth: int) -> None:
-        piece, write = self.piece, self.write
-        write(b"{")
-        batch: dict = {}
-        batch_size, comma = 0, False
+        piece = self.piece
+        self.out.write(b"{")
+        batch, batch_size, comma = {}, 0, False
         for key, item in dict.items(mapping):  # a subclass's own storage, as orjson reads it
             kind = type(item)
             if kind is str:
-                size = len(item) if item.isascii() else 3 * len(item)
+                size = len(item) if item.isascii() else 2 * len(item)
             elif kind is int or kind is bool or item is None:
                 size = _INT_BYTES
+            elif kind is list and len(item) >= _OWN_PIECE_ITEMS and type(item[0]) in _NUMBER:
+                size = sys.maxsize  # numbers (or not: its own pieces are checked either way)
             else:
-                size = _scan(item, piece, _SPLIT_ITEMS)
+                size = _scan(item, piece, _OWN_PIECE_ITEMS)
             if size <= piece:
                 batch[key] = item
                 batch_size += size
@@ -217,30 +216,29 @@ class _Chunker:
             if size > piece:
                 if type(key) is not str:
                     raise orjson.JSONEncodeError("Dict key must be str")
-                write(b"," + orjson.dumps(key) + b":" if comma else orjson.dumps(key) + b":")
+                self.out.write(b"," + orjson.dumps(key) + b":" if comma else orjson.dumps(key) + b":")
                 comma = True
                 self.value(item, depth + 1)
         if batch:
             self._emit(batch, comma)
-        write(b"}")
+        self.out.write(b"}")
 
     def _list(self, seq: list | tuple, depth: int) -> None:
         piece, n = self.piece, len(seq)
-        self.write(b"[")
-        kind, last = (type(seq[0]), type(seq[-1])) if n else (None, None)
-        if (kind is float or kind is int) and (last is float or last is int):
-            step = max(1, piece // (_FLOAT_BYTES if kind is float else _INT_BYTES))
+        self.out.write(b"[")
+        if n and type(seq[0]) in _NUMBER and type(seq[-1]) in _NUMBER:
+            step = max(1, piece // (_FLOAT_BYTES if type(seq[0]) is float else _INT_BYTES))
             if n <= step:
-                self._emit(seq, False, numbers=True)  # no slice: copying it costs more than encoding
+                self._emit(seq, False, numbers=True)  # a slice would copy it for nothing
             for i in range(0, n if n > step else 0, step):
                 self._emit(seq[i : i + step], i > 0, numbers=True)
-            self.write(b"]")
+            self.out.write(b"]")
             return
         i = 0
         while i < n:
             j, batch_size = i, 0
             while j < n and batch_size < piece:
-                size = _scan(seq[j], piece, _SPLIT_ITEMS)
+                size = _scan(seq[j], piece, _OWN_PIECE_ITEMS)
                 if size > piece:
                     break
                 batch_size += size
@@ -250,49 +248,43 @@ class _Chunker:
                 i = j
             else:
                 if i > 0:
-                    self.write(b",")
+                    self.out.write(b",")
                 self.value(seq[i], depth + 1)
                 i += 1
-        self.write(b"]")
+        self.out.write(b"]")
 
     def _array(self, array: Any) -> None:
         rows = len(array)
         step = max(1, self.piece // (max(1, array.size // rows) * _FLOAT_BYTES))
-        # A one-row slice of a strided array counts as contiguous; convert it the
-        # way the default hook converts the whole array, so the bytes agree.
+        # A one-row slice of a strided array is contiguous: convert it as _default would the whole.
         as_list = not array.flags.c_contiguous
-        self.write(b"[")
+        self.out.write(b"[")
         for i in range(0, rows, step):
             part = array[i : i + step]
             self._emit(part.tolist() if as_list else part, i > 0, numbers=True)
-        self.write(b"]")
+        self.out.write(b"]")
 
 
 def _from_to_json(record: object, index: int) -> bytes:
     data = record.to_json()  # type: ignore[attr-defined]
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    elif isinstance(data, (bytearray, memoryview)):
-        data = bytes(data)
-    elif not isinstance(data, bytes):
+    if isinstance(data, (str, bytearray, memoryview)):
+        data = data.encode() if isinstance(data, str) else bytes(data)
+    if not isinstance(data, bytes):
         raise TypeError(f"record {index}: to_json() returned {type(data).__name__}, expected bytes or str")
-    if data.endswith(b"\n"):
-        data = data[:-2] if data.endswith(b"\r\n") else data[:-1]
-    if not data.startswith(b"{") or not data.endswith(b"}"):
-        raise ValueError(f"record {index}: to_json() must return one JSON object, got {data[:40]!r}")
-    if b"\n" in data or b"\r" in data:
-        raise ValueError(f"record {index}: to_json() returned JSON with a line break inside")
+    data = data[:-1] if data.endswith(b"\n") else data
+    if not data.startswith(b"{") or not data.endswith(b"}") or b"\n" in data or b"\r" in data:
+        raise ValueError(f"record {index}: to_json() must return one JSON object on one line, got {data[:40]!r}")
     return data
 
 
 class RecordEncoder:
-    """Encode one record as a compact strict JSON line body (no trailing newline).
+    """Encode one record as the compact strict JSON of a line (without the newline).
 
-    A record is a mapping, an object whose ``to_record()`` returns a mapping,
-    or an object whose ``to_json()`` returns its JSON object as bytes or str
-    (used as-is). ``encode`` blocks for about one ``orjson.dumps`` of the
-    record; above ``chunk_threshold_bytes`` it releases the GIL about every
-    ``yield_interval_s``. An encoder holds only settings, so it is thread-safe.
+    A record is a mapping, an object whose ``to_record()`` returns one, or an
+    object whose ``to_json()`` returns its JSON object as bytes or str (used
+    as-is). ``encode`` blocks for about one ``orjson.dumps`` of the record, and
+    above ``chunk_threshold_bytes`` releases the GIL about every
+    ``yield_interval_s``. An encoder holds only settings: share it between threads.
 
         encoder = RecordEncoder()
         line = encoder.encode({"id": "t-1", "timing": {"start": 1.75e9}}, 0) + b"\\n"
@@ -328,27 +320,25 @@ class RecordEncoder:
             if callable(getattr(record, "to_record", None)):
                 mapped = record.to_record()  # type: ignore[attr-defined]
                 if not isinstance(mapped, Mapping):
-                    raise TypeError(f"record {index}: to_record() returned {type(mapped).__name__}, expected a mapping")
+                    kind = type(mapped).__name__
+                    raise TypeError(f"record {index}: to_record() returned {kind}, expected a mapping")
                 record = mapped
             elif not isinstance(record, Mapping):
-                raise TypeError(
-                    f"record {index}: expected a mapping or an object with to_record() or to_json(), "
-                    f"got {type(record).__name__}"
-                )
-            if not isinstance(record, dict):
-                record = dict(record)
+                kind = type(record).__name__
+                raise TypeError(f"record {index}: {kind} is not a mapping and has no to_record() or to_json()")
+            record = record if isinstance(record, dict) else dict(record)
         try:
             if _scan(record, self.chunk_threshold_bytes) <= self.chunk_threshold_bytes:
                 return orjson.dumps(record, default=_default, option=_OPTIONS)
             chunker = _Chunker(self.piece_bytes, self.yield_interval_s)
             chunker.value(record, 0)
-            return chunker.out.getvalue()
+            return chunker.result()
         except _NonFinite as err:
-            raise ValueError(f"record {index}: {err.value!r} is not valid JSON (NaN and Infinity are refused)") from None
+            raise ValueError(f"record {index}: {err.args[0]!r} is not JSON (NaN and Infinity are refused)") from None
         except orjson.JSONEncodeError as err:
-            cause = err.__cause__
-            if isinstance(cause, _Unencodable):
-                raise TypeError(f"record {index}: cannot encode value of type {type(cause.value).__name__}") from err
+            if isinstance(err.__cause__, _Unencodable):
+                kind = type(err.__cause__.args[0]).__name__
+                raise TypeError(f"record {index}: cannot encode value of type {kind}") from err
             raise TypeError(f"record {index}: {err}") from err
 
 
@@ -356,8 +346,5 @@ _default_encoder = RecordEncoder()
 
 
 def encode_record(record: object, index: int) -> bytes:
-    """Encode ``record`` (number ``index`` in its batch, for error messages) with the default settings.
-
-    See ``RecordEncoder.encode``.
-    """
+    """``RecordEncoder().encode(record, index)``: ``index`` names the record in errors."""
     return _default_encoder.encode(record, index)

@@ -197,7 +197,8 @@ class Upload:
                 self._abandon()
                 break
             self._wake.wait(_CANCEL_CHECK_S if self.cancel is not None else None)
-        cancelled_early = self._cancelled() and not exhausted
+        abandoned = any(b.status is BatchStatus.ABANDONED for b in self.report.batches)
+        cancelled_early = self._cancelled() and (not exhausted or abandoned)
         if self.failure is None and not cancelled_early:
             return self.receipts
         if not exhausted:
@@ -222,14 +223,7 @@ class Upload:
             if outcome.status is BatchStatus.COMMITTED:
                 assert outcome.receipt is not None
                 self.receipts.append(outcome.receipt)
-                # Committed batches are announced even after a failure elsewhere:
-                # they are stored, and the caller's accounting must say so.
-                if self.on_batch is not None and not self._on_batch_failed:
-                    try:
-                        self.on_batch(batch, outcome.receipt)
-                    except Exception as err:
-                        self._on_batch_failed = True
-                        self.failure = self.failure or err
+                self._announce(batch, outcome.receipt)
             elif self.failure is None:
                 self.failure = outcome.error
         if self.failure is None:
@@ -237,6 +231,16 @@ class Upload:
                 if future.done() and future.exception() is not None:
                     self.failure = future.exception()
                     break
+
+    def _announce(self, batch: Batch, receipt: UploadReceipt) -> None:
+        # Committed batches are announced even after a failure elsewhere:
+        # they are stored, and the caller's accounting must say so.
+        if self.on_batch is not None and not self._on_batch_failed:
+            try:
+                self.on_batch(batch, receipt)
+            except Exception as err:
+                self._on_batch_failed = True
+                self.failure = self.failure or err
 
     def _abandon(self) -> None:
         deadline = time.monotonic() + self.abandon_after_s
@@ -248,9 +252,16 @@ class Upload:
                 future.exception(timeout=remaining)
             except Exception:  # concurrent.futures.TimeoutError: still in flight
                 break
+        # What finished in time is collected (and announced) in order; the rest is abandoned.
+        self._collect()
         while self.window:
             batch, future = self.window.popleft()
-            self.report.batches.append(outcome_of(batch, future if future.done() else None))
+            outcome = outcome_of(batch, future if future.done() else None)
+            self.report.batches.append(outcome)
+            if outcome.status is BatchStatus.COMMITTED:
+                assert outcome.receipt is not None
+                self.receipts.append(outcome.receipt)
+                self._announce(batch, outcome.receipt)
 
     def _error(self, cancelled: bool) -> UploadError:
         first = self.report.first_failure

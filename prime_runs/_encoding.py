@@ -1,0 +1,139 @@
+"""Records to JSONL lines, on the worker thread: run stamping and lazy encoding.
+
+Records are stamped with the run (contract §7: ``run.id`` and ``run.type``
+on the envelope and on every member trace, other ``run`` keys kept) on
+shallow copies, so the caller's objects are never mutated, and the copying
+happens here, off the caller's thread. Encoding is lazy: a sink pulls lines
+as it needs them, so a backlog is never held twice in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from prime_runs._queue import SizeMeter
+from prime_runs._sink import Ledger
+from prime_traces import MAX_LINE_BYTES
+from prime_traces._encode import encode_record
+
+logger = logging.getLogger(__name__)
+
+INVALID_RECORD = "invalid_record"
+RECORD_TOO_LARGE = "record_too_large"
+
+
+def is_episode(record: Any) -> bool:
+    """A mapping with a ``traces`` key, or an object with a ``traces`` attribute."""
+    if isinstance(record, Mapping):
+        return "traces" in record
+    return hasattr(record, "traces")
+
+
+def detect_line_format(records: Sequence[Any]) -> str:
+    """The format of a write, from its first record (as prime-runs always did)."""
+    return "episode" if records and is_episode(records[0]) else "trace"
+
+
+@dataclass(frozen=True)
+class RunStamp:
+    """The run every record is stamped with."""
+
+    run_id: str
+    run_type: str
+
+    def _run(self, run: Any) -> dict[str, Any]:
+        merged = dict(run) if isinstance(run, Mapping) else {}
+        merged["id"] = self.run_id
+        merged["type"] = self.run_type
+        return merged
+
+    def apply(self, record: Mapping[str, Any], line_format: str) -> dict[str, Any]:
+        """A stamped shallow copy of ``record``; the original is untouched."""
+        stamped = dict(record)
+        stamped["run"] = self._run(record.get("run"))
+        members = record.get("traces")
+        if line_format == "episode" and isinstance(members, list):
+            stamped["traces"] = [
+                {**m, "run": self._run(m.get("run"))} if isinstance(m, Mapping) else m for m in members
+            ]
+        return stamped
+
+
+def as_mapping(record: Any, index: int) -> Mapping[str, Any]:
+    """The record as a mapping: itself, its ``to_record()``, or its parsed ``to_json()``."""
+    if isinstance(record, Mapping):
+        return record
+    to_record = getattr(record, "to_record", None)
+    if callable(to_record):
+        value = to_record()
+        if not isinstance(value, Mapping):
+            raise TypeError(f"record {index}: to_record() returned {type(value).__name__}, not a mapping")
+        return value
+    to_json = getattr(record, "to_json", None)
+    if callable(to_json):
+        # Stamping needs the document: parse it (off the caller's thread).
+        value = orjson.loads(to_json())
+        if not isinstance(value, dict):
+            raise TypeError(f"record {index}: to_json() is a JSON {type(value).__name__}, not an object")
+        return value
+    raise TypeError(
+        f"record {index}: cannot log a {type(record).__name__}; pass a mapping, "
+        "or an object with to_record() or to_json()"
+    )
+
+
+class EncodedWrite:
+    """The lines of one write, encoded one at a time as they are pulled.
+
+    A record that cannot be encoded is counted failed in the ledger (it loses
+    only itself) and skipped. ``line_records[j]`` is the record index of the
+    ``j``-th line produced, so a sink can map a rejected line back.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[Any],
+        line_format: str,
+        stamp: RunStamp | None,
+        meter: SizeMeter | None,
+        ledger: Ledger,
+    ) -> None:
+        self.records = records
+        self.line_format = line_format
+        self.stamp = stamp
+        self.meter = meter
+        self.ledger = ledger
+        self.line_records: list[int] = []
+        self.errors: list[tuple[int, str]] = []
+
+    def __iter__(self) -> Iterator[bytes]:
+        for index, record in enumerate(self.records):
+            try:
+                mapping = as_mapping(record, index)
+                if self.stamp is not None:
+                    mapping = self.stamp.apply(mapping, self.line_format)
+                line = encode_record(mapping, index)
+            except Exception as err:  # noqa: BLE001  (a user's to_record() may raise anything)
+                message = str(err) if isinstance(err, (TypeError, ValueError)) else (
+                    f"record {index}: {type(err).__name__}: {err}"
+                )
+                self._invalid(index, INVALID_RECORD, message)
+                continue
+            if len(line) > MAX_LINE_BYTES:
+                self._invalid(index, RECORD_TOO_LARGE,
+                              f"record {index} is {len(line)} bytes encoded, over {MAX_LINE_BYTES}")  # fmt: skip
+                continue
+            if self.meter is not None:
+                self.meter.observe(len(line) + 1)
+            self.line_records.append(index)
+            yield line
+
+    def _invalid(self, index: int, reason: str, message: str) -> None:
+        self.errors.append((index, message))
+        self.ledger.failed(1, reason)
+        logger.debug("record %d not logged: %s", index, message)

@@ -1,0 +1,186 @@
+"""The bounded queue between ``log_episodes`` and the upload worker.
+
+``put`` never blocks and costs O(1) in the size of the records: it takes a
+lock only for bookkeeping, and refuses a write that does not fit (by record
+count, or by estimated bytes once the worker has measured some records). A
+write always fits an empty queue, so no single write is refused for its
+size alone. ``take`` is the worker's side: it waits on a condition, never
+polls.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_QUEUED_RECORDS = 10_000
+DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
+
+
+class SizeMeter:
+    """Running mean of encoded record size, fed by the worker, read by ``put``.
+
+    A float read is atomic under the GIL, so ``put`` reads it without a lock.
+    """
+
+    def __init__(self) -> None:
+        self.mean_bytes = 0.0
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def observe(self, size_bytes: int) -> None:
+        with self._lock:
+            self._count += 1
+            self.mean_bytes += (size_bytes - self.mean_bytes) / self._count
+
+
+@dataclass
+class Write:
+    """One accepted ``submit`` call: the caller's records, unchanged."""
+
+    seq: int
+    records: Sequence[Any]
+    line_format: str | None
+    est_bytes: float
+    submitted_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
+
+
+@dataclass
+class DropBurst:
+    """Drops since the worker last reported them (warnings are one per burst)."""
+
+    writes: int = 0
+    records: int = 0
+    reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+class RecordQueue:
+    """Writes waiting for the worker, bounded by records and estimated bytes."""
+
+    def __init__(self, max_records: int, max_bytes: int, meter: SizeMeter) -> None:
+        if max_records < 1:
+            raise ValueError(f"max_queued_records must be greater than 0, not {max_records}")
+        if max_bytes < 1:
+            raise ValueError(f"max_queued_bytes must be greater than 0, not {max_bytes}")
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.meter = meter
+        self._cond = threading.Condition(threading.Lock())
+        self._writes: collections.deque[Write] = collections.deque()
+        self.queued_records = 0
+        self.queued_bytes = 0.0
+        self._next_seq = 1
+        self._done_seq = 0
+        self._closed = False
+        self.burst = DropBurst()
+
+    def put(self, records: Sequence[Any], line_format: str | None) -> tuple[bool, str | None]:
+        """Queue a write; ``(False, reason)`` when it does not fit (never waits)."""
+        count = len(records)
+        est = count * self.meter.mean_bytes
+        with self._cond:
+            if self._closed:
+                reason = "closed"
+            elif self._writes and self.queued_records + count > self.max_records:
+                reason = "queue_full_records"
+            elif self._writes and est and self.queued_bytes + est > self.max_bytes:
+                reason = "queue_full_bytes"
+            else:
+                self._writes.append(Write(self._next_seq, records, line_format, est))
+                self._next_seq += 1
+                self.queued_records += count
+                self.queued_bytes += est
+                self._cond.notify()
+                return True, None
+            self.burst.writes += 1
+            self.burst.records += count
+            self.burst.reasons[reason] += count
+            return False, reason
+
+    def take(
+        self, max_bytes: float, timeout_s: float | None, on_take: Callable[[list[Write]], None] | None = None
+    ) -> list[Write]:
+        """Up to ``max_bytes`` (estimated) of writes, at least one; [] on timeout or close.
+
+        ``on_take`` runs under the queue's lock, so whatever it registers is
+        visible to :meth:`close` (nothing taken is ever in limbo).
+        """
+        with self._cond:
+            if not self._writes and not self._closed:
+                self._cond.wait(timeout_s)
+            taken: list[Write] = []
+            size = 0.0
+            while self._writes and (not taken or size + self._writes[0].est_bytes <= max_bytes):
+                write = self._writes.popleft()
+                size += write.est_bytes
+                self.queued_records -= write.count
+                self.queued_bytes -= write.est_bytes
+                taken.append(write)
+            if not self._writes:
+                self.queued_bytes = 0.0  # no drift from re-estimated sizes
+            if taken and on_take is not None:
+                on_take(taken)
+            return taken
+
+    def done(self, writes: list[Write]) -> None:
+        """Mark writes finished (accounted for); wakes ``wait_done``."""
+        if not writes:
+            return
+        with self._cond:
+            self._done_seq = max(self._done_seq, writes[-1].seq)
+            self._cond.notify_all()
+
+    def last_seq(self) -> int:
+        with self._cond:
+            return self._next_seq - 1
+
+    def wait_done(self, seq: int, deadline: float | None) -> bool:
+        """Wait until every write up to ``seq`` is done, or ``deadline`` (monotonic)."""
+        with self._cond:
+            while self._done_seq < seq:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def close(self, on_close: Callable[[], None] | None = None) -> list[Write]:
+        """Refuse new writes; return (and remove) every write still queued.
+
+        ``on_close`` runs under the queue's lock (see :meth:`take`).
+        """
+        with self._cond:
+            self._closed = True
+            if on_close is not None:
+                on_close()
+            left = list(self._writes)
+            self._writes.clear()
+            self.queued_records = 0
+            self.queued_bytes = 0.0
+            self._cond.notify_all()
+            return left
+
+    def mark_all_done(self) -> None:
+        """Every write so far is accounted for (used once the queue is closed)."""
+        with self._cond:
+            self._done_seq = self._next_seq - 1
+            self._cond.notify_all()
+
+    def take_burst(self) -> DropBurst | None:
+        with self._cond:
+            if not self.burst.writes:
+                return None
+            burst, self.burst = self.burst, DropBurst()
+            return burst
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -1,0 +1,370 @@
+"""The sink that uploads to the Traces service, where a bad record loses only itself.
+
+The client's uploads are fail-stop and all-or-nothing per batch: one bad line
+refuses its whole batch and stops the batches behind it. This sink turns that
+into per-record outcomes. It reads the client's :class:`~prime_traces.UploadReport`,
+counts what was stored and what failed, and uploads again only the records
+that still need it, re-encoded from the caller's objects. Encoding is
+deterministic, so a resent record is byte-identical. Records of a committed
+batch are never sent again.
+
+How a refused batch is handled:
+
+- The service names the line (contract §9): that record fails as
+  ``rejected:<code>``. The other records of its batch, and the records never
+  sent, are uploaded again.
+- The service names no line: the batch is bisected. Each half is uploaded in
+  its own ``upload_lines`` call, recursively, until the bad records are
+  isolated. A single record refused is that record's failure. This takes
+  about ``2 * log2(n)`` extra requests per bad record, and at most ``2n - 1``
+  for a batch of ``n``. Size refusals (``upload_too_large``,
+  ``too_many_traces_in_upload``) are bisected even when a line is named,
+  since the line is not at fault there.
+- The refusal is about the sink, not the records (401, 402, 403, 404, 409 or
+  any other 4xx but 400/413/422, or a 400 about the request itself such as
+  ``invalid_metadata``): every later request would be refused the same way.
+  The write's records not yet accounted for fail as ``rejected:<code>`` and
+  the write returns ``TRANSIENT``, so three such writes in a row retire the
+  sink. Going on would spend a request per record and store nothing.
+- A batch that failed after the client's retries (429/5xx, transport
+  errors) fails as ``transient``, and the write returns ``TRANSIENT`` (a
+  strike). Records held back only by that failure are still uploaded. After
+  ``max_transient_failures`` uploads in a row fail that way, the rest of the
+  write also fails as ``transient`` without being sent, so an outage costs
+  a bounded number of retry cycles per write.
+- Once ``cancel`` is set (the worker's deadline), nothing new is sent. Records
+  whose fate is unknown (abandoned in flight, retries cut short, never sent)
+  are left unaccounted, and the worker closes the ledger with ``deadline``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prime_runs._encoding import INVALID_RECORD, EncodedWrite, RunStamp
+from prime_runs._queue import SizeMeter
+from prime_runs._sink import Ledger, SinkStatus
+from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
+from prime_traces._report import BatchOutcome, BatchStatus, UploadReport
+from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
+from prime_traces.errors import APIError, RetryableAPIError, UploadError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TRANSIENT_FAILURES = 3
+#: At most one warning about records not stored per this many seconds; the rest go to debug.
+WARNING_INTERVAL_S = 60.0
+TRANSIENT = "transient"
+SINK_ERROR = "sink_error"
+
+# A 400 with one of these codes is about the request, not a record: no subset
+# of the records would be accepted, so bisecting would only multiply requests.
+_REQUEST_CODES = frozenset(
+    {"invalid_metadata", "unsupported_schema_version", "invalid_idempotency_key",
+     "digest_mismatch", "malformed_encoding"}
+)  # fmt: skip
+# A refusal for the request's size names the line where the limit was crossed,
+# but that record is not at fault. Halving the batch cures it.
+_SIZE_CODES = frozenset({"upload_too_large", "too_many_traces_in_upload"})
+# Statuses that are about the content of the request (413/422 are not in the
+# contract, but a proxy may send them for an oversized or odd body).
+_CONTENT_STATUSES = frozenset({400, 413, 422})
+
+
+class TracesSink:
+    """Uploads each write to the Traces service, accounting for every record.
+
+    ``write`` runs on the worker thread. It blocks while it uploads, and
+    returns promptly once ``cancel`` is set. It reports each record exactly
+    once into the ledger: ``stored`` as its batch commits, or ``failed`` with
+    ``invalid_record``, ``rejected:<code>`` or ``transient``. Records whose
+    fate is unknown at cancellation are left for the ledger's close. Not
+    thread-safe: one worker drives it. A client passed with
+    ``owns_client=True`` is closed by :meth:`close`.
+
+    Usage::
+
+        context = {"source": "prime-runs", "run_type": "eval"}
+        sink = TracesSink(TracesClient(), RunStamp("run-1", "eval"), context)
+        status = sink.write(episodes, "episode", ledger, cancel)
+        sink.close()
+    """
+
+    name = "traces"
+
+    def __init__(
+        self,
+        client: TracesClient,
+        stamp: RunStamp | None,
+        context: dict[str, str] | None,
+        meter: SizeMeter | None = None,
+        *,
+        max_attempts: int = DEFAULT_UPLOAD_ATTEMPTS,
+        target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
+        max_transient_failures: int = DEFAULT_MAX_TRANSIENT_FAILURES,
+        owns_client: bool = False,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
+        if not 0 < target_batch_bytes <= MAX_BATCH_BYTES:
+            raise ValueError(
+                f"target_batch_bytes must be within 1..{MAX_BATCH_BYTES}, not {target_batch_bytes}"
+            )
+        if max_transient_failures < 1:
+            raise ValueError(f"max_transient_failures must be at least 1, not {max_transient_failures}")
+        if context is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in context.items()
+        ):
+            raise ValueError("context must map strings to strings")
+        self.client = client
+        self.stamp = stamp
+        self.context = dict(context) if context else None
+        self.meter = meter
+        self.max_attempts = max_attempts
+        self.target_batch_bytes = target_batch_bytes
+        self.max_transient_failures = max_transient_failures
+        self.owns_client = owns_client
+        self._warned_at: float | None = None
+        self._suppressed = 0
+
+    def __repr__(self) -> str:
+        return f"TracesSink(client={self.client!r}, stamp={self.stamp!r})"
+
+    def write(
+        self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event
+    ) -> SinkStatus:
+        """Upload ``records``, reporting each into ``ledger``; ``TRANSIENT`` is a strike."""
+        return _SinkWrite(self, records, line_format, ledger, cancel).run()
+
+    def close(self) -> None:
+        if self.owns_client:
+            self.client.close()
+
+    def _warn_failures(
+        self, records: int, failures: collections.Counter[str], sample: str | None
+    ) -> None:
+        # One warning per write would flood a long run that logs a bad record every step.
+        now = time.monotonic()
+        if self._warned_at is not None and now - self._warned_at < WARNING_INTERVAL_S:
+            self._suppressed += 1
+            level = logging.DEBUG
+        else:
+            level = logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
+        suppressed = ""
+        if level == logging.WARNING:
+            self._warned_at = now
+            if self._suppressed:
+                suppressed = f" ({self._suppressed} similar writes since the last warning)"
+                self._suppressed = 0
+        reasons = ", ".join(f"{r}: {n}" for r, n in failures.items())
+        first = f"; first: {sample}" if sample else ""
+        logger.log(level, "traces sink: %d of %d records not stored (%s)%s%s",
+                   sum(failures.values()), records, reasons, first, suppressed)  # fmt: skip
+
+
+class _SinkWrite:
+    """One call of ``write``: the groups of records still to upload, and the tallies."""
+
+    def __init__(self, sink: TracesSink, records: Sequence[Any], line_format: str, ledger: Ledger,
+                 cancel: threading.Event) -> None:  # fmt: skip
+        self.sink = sink
+        self.records = records
+        self.line_format = line_format
+        self.ledger = ledger
+        self.cancel = cancel
+        # Record indexes into ``records``, each group uploaded by one upload_lines call.
+        self.groups: collections.deque[list[int]] = collections.deque([list(range(len(records)))])
+        self.status = SinkStatus.OK
+        self.transient_in_row = 0
+        self.first_pass = True
+        self.failures: collections.Counter[str] = collections.Counter()
+        self.sample: str | None = None
+
+    def run(self) -> SinkStatus:
+        while self.groups and not self.cancel.is_set():
+            if self.transient_in_row >= self.sink.max_transient_failures:
+                self._fail(sum(len(g) for g in self.groups), TRANSIENT)
+                self.groups.clear()
+                break
+            group = self.groups.popleft()
+            if group:
+                self._send(group)
+        if self.failures:
+            self.sink._warn_failures(len(self.records), self.failures, self.sample)
+        return self.status
+
+    def _fail(self, count: int, reason: str, detail: str | None = None) -> None:
+        if count <= 0:
+            return
+        self.ledger.failed(count, reason)
+        self.failures[reason] += count
+        if self.sample is None and detail:
+            self.sample = detail
+
+    def _strike(self, reason: str) -> None:
+        self.status = SinkStatus.TRANSIENT
+        logger.debug("traces sink strike: %s", reason)
+
+    def _send(self, group: list[int]) -> None:
+        subset = [self.records[i] for i in group]  # references only: no record is copied
+        # The meter learns each record's size once, not again when it is resent.
+        meter = self.sink.meter if self.first_pass else None
+        self.first_pass = False
+        encoded = EncodedWrite(subset, self.line_format, self.sink.stamp, meter, self.ledger)
+        announced: set[int] = set()
+        culprit: list[BaseException] = []
+
+        def on_batch(batch: Any, _receipt: Any) -> None:
+            announced.add(batch.index)
+            self.ledger.stored(batch.line_count, batch.size_bytes)
+
+        try:
+            self.sink.client.upload_lines(
+                _guarded(encoded, culprit),
+                line_format=self.line_format,
+                context=self.sink.context,
+                target_batch_bytes=self.sink.target_batch_bytes,
+                max_attempts=self.sink.max_attempts,
+                on_batch=on_batch,
+                cancel=self.cancel,
+            )
+        except UploadError as err:
+            self._settle(group, encoded, err.report, announced, culprit)
+            return
+        except Exception as err:
+            if not culprit:
+                # Not a record's fault and not an upload's (a closed client, a
+                # bug): nothing more of this write can be sent.
+                logger.warning("traces sink: write failed: %r", err, exc_info=True)
+                reason = f"{SINK_ERROR}:{type(err).__name__}"  # as the worker names a sink's crash
+                left = len(group) - len(encoded.errors) + sum(map(len, self.groups))
+                self._fail(left, reason, repr(err))
+                self.groups.clear()
+                self._strike(reason)
+                return
+            self._settle(group, encoded, UploadReport(), announced, culprit)
+            return
+        # Returned normally: every produced line was announced, except lines
+        # abandoned at a cancel that came after the input ran out; those stay
+        # unaccounted, as they should.
+        self.transient_in_row = 0
+
+    def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport,
+                announced: set[int], culprit: list[BaseException]) -> None:  # fmt: skip
+        """Account for one failed upload call; queue what must be sent again."""
+        positions = encoded.line_records  # produced line j -> position in group
+        cancelled = self.cancel.is_set()
+        accounted: set[int] = {index for index, _ in encoded.errors}
+        resend: list[int] = []
+        splits: list[list[int]] = []
+        refused: list[int] = []
+        sink_refusal: BatchOutcome | None = None
+        transient = committed = False
+        for outcome in report.batches:
+            batch = [positions[j] for j in outcome.line_indexes]
+            accounted.update(batch)
+            if outcome.status is BatchStatus.COMMITTED:
+                committed = True
+                if outcome.index not in announced:  # committed during the abandon wait: never announced
+                    self.ledger.stored(len(batch))
+                continue
+            if outcome.status in (BatchStatus.ABANDONED, BatchStatus.UNSENT):
+                continue  # fate unknown, or nothing sent: left for the ledger's close
+            kind = _kind(outcome)
+            if kind == "transient":
+                if not cancelled:  # retries cut short by the deadline are left for "deadline"
+                    self._fail(len(batch), TRANSIENT, str(outcome.error))
+                    transient = True
+            elif kind == "sink":
+                sink_refusal = sink_refusal or outcome
+                refused += batch
+            elif outcome.rejected_line is not None and outcome.code not in _SIZE_CODES:
+                bad = positions[outcome.rejected_line]
+                self._fail(1, _reason(outcome), _detail(outcome))
+                resend += [p for p in batch if p != bad]
+            elif len(batch) == 1:
+                self._fail(1, _reason(outcome), _detail(outcome))
+            else:
+                half = len(batch) // 2
+                splits += [batch[:half], batch[half:]]
+        if culprit:
+            # Records are pulled in order: the one after the last pulled raised.
+            pulled = max([*positions, *(index for index, _ in encoded.errors)], default=-1) + 1
+            if pulled < len(group):
+                accounted.add(pulled)
+                self._fail(1, INVALID_RECORD, repr(culprit[0]))
+        resend += [p for p in range(len(group)) if p not in accounted]
+        resend.sort()
+
+        if sink_refusal is not None:
+            # Every later request would be refused alike: the rest of the write fails now.
+            left = len(refused) + len(resend) + sum(map(len, splits)) + sum(map(len, self.groups))
+            self._fail(left, _reason(sink_refusal), _detail(sink_refusal))
+            self.groups.clear()
+            self._strike(_reason(sink_refusal))
+            return
+        if transient:
+            self._strike(TRANSIENT)
+        if committed:
+            self.transient_in_row = 0
+        elif transient:
+            self.transient_in_row += 1
+        if cancelled:
+            return
+        if resend and not (report.batches or culprit):
+            # No batch went out and no record is to blame: resending would loop.
+            self._fail(len(resend), SINK_ERROR, "upload stopped before sending anything")
+            self._strike(SINK_ERROR)
+            resend = []
+        # Halves first, so a bad record is isolated before the rest moves on.
+        follow = [[group[p] for p in s] for s in splits]
+        if resend:
+            follow.append([group[p] for p in resend])
+        self.groups.extendleft(reversed(follow))
+
+
+def _guarded(encoded: EncodedWrite, culprit: list[BaseException]) -> Iterator[bytes]:
+    """``encoded``'s lines; an exception raised by a record (its own code) is noted in ``culprit``."""
+    lines = iter(encoded)
+    while True:
+        try:
+            line = next(lines)
+        except StopIteration:
+            return
+        except Exception as err:
+            culprit.append(err)
+            raise
+        yield line
+
+
+def _kind(outcome: BatchOutcome) -> str:
+    """``record`` (bisect or blame a line), ``sink`` (every request would fail) or ``transient``."""
+    if outcome.status is BatchStatus.FAILED:
+        return "transient"
+    err = outcome.error
+    if not isinstance(err, APIError) or isinstance(err, RetryableAPIError):
+        return "transient"
+    if err.status_code in _CONTENT_STATUSES:
+        return "sink" if outcome.code in _REQUEST_CODES else "record"
+    if 400 <= err.status_code < 500:
+        return "sink"
+    return "transient"  # 500 and other statuses the client does not retry
+
+
+def _reason(outcome: BatchOutcome) -> str:
+    if outcome.code:
+        return f"rejected:{outcome.code}"
+    status = getattr(outcome.error, "status_code", None)
+    return f"rejected:http_{status}" if status is not None else "rejected"
+
+
+def _detail(outcome: BatchOutcome) -> str:
+    where = f" (record {outcome.record_id!r})" if outcome.record_id else ""
+    return f"{outcome.error}{where}"

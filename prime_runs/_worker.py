@@ -1,0 +1,262 @@
+"""The UploadWorker: one daemon thread between ``log_episodes`` and the sinks."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from prime_runs._accounting import Accounting
+from prime_runs._encoding import detect_line_format
+from prime_runs._queue import (
+    DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_QUEUED_RECORDS,
+    RecordQueue,
+    SizeMeter,
+    Write,
+)
+from prime_runs._sink import Ledger, Sink, SinkStatus
+from prime_runs.errors import SinkError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WRITE_CAP_BYTES = 8 * 30 * 1024 * 1024
+STRIKES_TO_RETIRE = 3
+SINK_RETIRED = "sink_retired"
+DEADLINE = "deadline"
+SINK_INCOMPLETE = "sink_incomplete"
+#: How long close() waits, past its deadline, for the write in progress to account for itself.
+ACCOUNTING_GRACE_S = 0.8
+
+
+class UploadWorker:
+    """Hands submitted records to sinks on one daemon thread; ``submit`` never blocks.
+
+    ``submit`` costs O(1) in the size of the records: it takes a lock for
+    bookkeeping only, and drops (and counts, with the reason) a write that
+    does not fit the queue, which is bounded by records and by estimated
+    bytes. The worker takes up to ``write_cap_bytes`` at a time and hands each
+    write to every sink that is not retired; three transient failures in a
+    row retire a sink. ``flush`` and ``close`` wait up to their timeout;
+    ``close`` then cancels the sinks and accounts for everything left, so
+    ``submitted = stored + dropped + failed + spooled`` holds per sink. The
+    thread is a daemon and is never joined: the process can always exit.
+
+    Usage::
+
+        worker = UploadWorker([TracesSink(client, stamp, context)])
+        worker.submit(episodes)          # never blocks
+        worker.close(timeout_s=60)       # bounded
+    """
+
+    def __init__(
+        self,
+        sinks: Iterable[Sink],
+        *,
+        max_queued_records: int = DEFAULT_MAX_QUEUED_RECORDS,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        on_error: Callable[[SinkError], Any] | None = None,
+        write_cap_bytes: int = DEFAULT_WRITE_CAP_BYTES,
+        size_meter: SizeMeter | None = None,
+        tick: Callable[[], Any] | None = None,
+        tick_interval_s: float = 10.0,
+        name: str = "prime-runs-upload",
+    ) -> None:
+        self.sinks = list(sinks)
+        names = [s.name for s in self.sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sink names must be unique, got {names}")
+        if write_cap_bytes < 1:
+            raise ValueError(f"write_cap_bytes must be greater than 0, not {write_cap_bytes}")
+        self.meter = size_meter or SizeMeter()
+        self._limits = (max_queued_records, max_queued_bytes)
+        self.write_cap_bytes = write_cap_bytes
+        self.on_error = on_error
+        self.tick = tick
+        self.tick_interval_s = tick_interval_s
+        self.name = name
+        self._setup()
+        method = weakref.WeakMethod(self._setup)
+        os.register_at_fork(after_in_child=lambda: (m := method()) is not None and m())
+
+    def _setup(self) -> None:
+        # Also the after-fork hook: a child gets an empty queue, fresh locks and
+        # no thread, so nothing the parent queued is uploaded twice.
+        self.accounting = Accounting([s.name for s in self.sinks])
+        self._queue = RecordQueue(*self._limits, self.meter)
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._inflight: dict[int, list[Ledger]] = {}
+        self._strikes = {s.name: 0 for s in self.sinks}
+        self.retired: set[str] = set()
+
+    # -- the caller's side ---------------------------------------------------
+
+    def submit(self, records: Sequence[Any] | Iterable[Any], *, line_format: str | None = None) -> bool:
+        """Queue ``records`` for the sinks; ``False`` means they were dropped (counted)."""
+        started = time.perf_counter()
+        if not isinstance(records, list):
+            records = list(records)  # a list of references: O(count), never O(bytes)
+        if not records:
+            return True
+        accepted, reason = self._queue.put(records, line_format)
+        if accepted:
+            self._ensure_thread()
+        else:
+            self.accounting.count_drop(len(records), reason or "dropped")
+        self.accounting.count_submit(len(records), time.perf_counter() - started)
+        return accepted
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None:
+            return
+        with self._lock:
+            if self._thread is not None or self._queue.closed:
+                return
+            thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # interpreter shutting down; close() accounts for the queue
+                return
+            self._thread = thread
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything submitted before the call is accounted for."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self._queue.wait_done(self._queue.last_seq(), deadline)
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Flush up to ``timeout_s``, then cancel and account for what is left.
+
+        Returns True when everything was handled before the deadline. Returns
+        within ``timeout_s`` plus about a second whatever the sinks do.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        flushed = self._queue.wait_done(self._queue.last_seq(), deadline)
+        if not flushed:
+            self._cancel.set()
+        left = self._queue.close()
+        for write in left:
+            for sink in self.sinks:
+                Ledger(self.accounting, sink.name, write.count).close(DEADLINE)
+        if not self._queue.wait_done(self._queue.last_seq(), time.monotonic() + ACCOUNTING_GRACE_S):
+            with self._lock:
+                for ledgers in self._inflight.values():
+                    for ledger in ledgers:
+                        ledger.close(DEADLINE)
+                self._inflight.clear()
+        self._queue.mark_all_done()
+        self._report_drops()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:  # noqa: BLE001  (closing must never raise into finish())
+                logger.warning("closing sink %s failed", sink.name, exc_info=True)
+        return flushed
+
+    def stats(self) -> dict[str, Any]:
+        """Queued, stored, dropped, failed by sink and reason, submit latency."""
+        snap = self.accounting.snapshot()
+        with self._lock:
+            inflight = sum(ledger.remaining for ledgers in self._inflight.values() for ledger in ledgers[:1])
+        snap.update(
+            queued_records=self._queue.queued_records,
+            queued_bytes=int(self._queue.queued_bytes),
+            in_flight_records=inflight,
+            retired_sinks=sorted(self.retired),
+        )
+        return snap
+
+    @property
+    def dropped_records(self) -> int:
+        return self.accounting.dropped_total
+
+    @property
+    def failed_records(self) -> dict[str, int]:
+        """Records not stored, per sink (drops excluded)."""
+        return self.accounting.failed_by_sink()
+
+    # -- the worker thread -----------------------------------------------------
+
+    def _register(self, writes: list[Write]) -> None:
+        with self._lock:
+            for write in writes:
+                self._inflight[write.seq] = [Ledger(self.accounting, s.name, write.count) for s in self.sinks]
+
+    def _run(self) -> None:
+        next_tick = time.monotonic() + self.tick_interval_s
+        while True:
+            timeout = max(0.0, next_tick - time.monotonic()) if self.tick is not None else None
+            writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._register)
+            self._report_drops()
+            for write in writes:
+                self._process(write)
+            self._queue.done(writes)
+            if self.tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + self.tick_interval_s
+                self._run_tick()
+            if not writes and self._queue.closed:
+                return
+
+    def _run_tick(self) -> None:
+        try:
+            assert self.tick is not None
+            self.tick()
+        except Exception:  # noqa: BLE001  (a periodic hook must not kill the worker)
+            logger.warning("periodic run update failed", exc_info=True)
+
+    def _process(self, write: Write) -> None:
+        with self._lock:
+            ledgers = self._inflight.get(write.seq)
+        if ledgers is None:  # closed at the deadline meanwhile
+            return
+        line_format = write.line_format or detect_line_format(write.records)
+        for sink, ledger in zip(self.sinks, ledgers):
+            if sink.name in self.retired:
+                ledger.close(SINK_RETIRED)
+                continue
+            if self._cancel.is_set():
+                ledger.close(DEADLINE)
+                continue
+            try:
+                status = sink.write(write.records, line_format, ledger, self._cancel)
+            except Exception as err:  # noqa: BLE001  (a broken sink loses its write, not the worker)
+                logger.warning("sink %s failed on a write of %d records", sink.name, write.count, exc_info=True)
+                ledger.failed(ledger.remaining, f"sink_error:{type(err).__name__}")
+                status = SinkStatus.TRANSIENT
+            ledger.close(DEADLINE if self._cancel.is_set() else SINK_INCOMPLETE)
+            self._after_write(sink, ledger, status)
+        with self._lock:
+            self._inflight.pop(write.seq, None)
+
+    def _after_write(self, sink: Sink, ledger: Ledger, status: SinkStatus) -> None:
+        if status is SinkStatus.TRANSIENT:
+            self._strikes[sink.name] += 1
+            if self._strikes[sink.name] >= STRIKES_TO_RETIRE and sink.name not in self.retired:
+                self.retired.add(sink.name)
+                logger.error(
+                    "sink %s failed %d writes in a row and is retired for the rest of the run; "
+                    "its records are counted as failed (%s)", sink.name, STRIKES_TO_RETIRE, SINK_RETIRED,
+                )  # fmt: skip
+        else:
+            self._strikes[sink.name] = 0
+        if ledger.failures and self.on_error is not None:
+            try:
+                self.on_error(SinkError(sink.name, dict(ledger.failures)))
+            except Exception:  # noqa: BLE001
+                logger.warning("on_error callback failed", exc_info=True)
+
+    def _report_drops(self) -> None:
+        burst = self._queue.take_burst()
+        if burst is not None:
+            reasons = ", ".join(f"{n} ({r})" for r, n in burst.reasons.items())
+            logger.warning(
+                "dropped %d records in %d writes because the upload queue was full: %s; "
+                "raise max_queued_records / max_queued_bytes or log less often",
+                burst.records, burst.writes, reasons,
+            )  # fmt: skip

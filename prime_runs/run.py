@@ -1,0 +1,296 @@
+"""``Run``: the handle a training script logs through."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
+from prime_runs._shutdown import ShutdownHooks
+from prime_runs._worker import UploadWorker
+from prime_runs.errors import PrimeRunsError, SinkError
+
+logger = logging.getLogger(__name__)
+
+ON_ERROR = ("warn", "raise")
+# Of finish()'s budget, what is kept back for recording the terminal status.
+_STATUS_RESERVE_FRACTION = 0.2
+_STATUS_RESERVE_MAX_S = 2.0
+_STATUS_MIN_TIMEOUT_S = 0.2
+
+
+class Run:
+    """One run: ``log_episodes`` never blocks; ``finish`` is bounded.
+
+    Made by :func:`prime_runs.init`. ``log_episodes`` / ``log_traces`` hand
+    records to a background worker and return at once (``False`` means the
+    queue was full and the records were dropped, and counted). ``flush`` and
+    ``finish`` wait at most their timeout; ``finish`` is idempotent and
+    thread-safe, and an unfinished run is finished as ``crashed`` at exit.
+
+    Usage::
+
+        with prime_runs.init("grpo-math", kind="train") as run:
+            run.log_episodes(episodes)
+            run.log({"reward": 0.7}, step=3)
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        name: str | None,
+        kind: str,
+        mode: str,
+        url: str | None,
+        config: dict[str, Any],
+        worker: UploadWorker | None,
+        lifecycle: RunLifecycle | None,
+        owner: bool,
+        on_error: str,
+        finish_timeout_s: float,
+        handle_signals: bool,
+        dir: str | None = None,
+    ) -> None:
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+        self.id = run_id
+        self.name = name
+        self.kind = kind
+        self.mode = mode
+        self.url = url
+        self.dir = dir
+        self.config = dict(config)
+        self.summary: dict[str, Any] = {}
+        self.status = "running"
+        self._worker = worker
+        self._lifecycle = lifecycle
+        self._owner = owner
+        self._on_error = on_error
+        self.finish_timeout_s = finish_timeout_s
+        self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()
+        self._finishing = False
+        self._finished = threading.Event()
+        self._first_error: SinkError | None = None
+        self._warned = False
+        self._dirty: dict[str, bool] = {"config": False, "summary": False}
+        self._hooks = ShutdownHooks(self._finish_from_hook, handle_signals=handle_signals)
+        if mode != "disabled":
+            self._hooks.install()
+        method = weakref.WeakMethod(self._after_fork_in_child)
+        os.register_at_fork(after_in_child=lambda: (m := method()) is not None and m())
+
+    def __repr__(self) -> str:
+        return f"Run(id={self.id!r}, name={self.name!r}, mode={self.mode!r}, status={self.status!r})"
+
+    # -- logging (never blocks) ----------------------------------------------
+
+    def log_episodes(self, records: Iterable[Any]) -> bool:
+        """Queue episode envelopes; ``False`` means they were dropped (never blocks)."""
+        return self._submit(records, "episode")
+
+    def log_traces(self, records: Iterable[Any]) -> bool:
+        """Queue bare traces; ``False`` means they were dropped (never blocks)."""
+        return self._submit(records, "trace")
+
+    def _submit(self, records: Iterable[Any], line_format: str) -> bool:
+        if self._worker is None:
+            return True
+        # After finish() the worker refuses (and counts) the records: never raise into training.
+        return self._worker.submit(records, line_format=line_format)
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Record scalars into the summary (last value wins); sent on a timer, never per call."""
+        with self._lock:
+            self.summary.update(metrics)
+            if step is not None:
+                self.summary["step"] = step
+            self._dirty["summary"] = True
+
+    def update_summary(self, values: Mapping[str, Any]) -> None:
+        """Merge ``values`` into the summary (sent on a timer and at finish)."""
+        self.log(values)
+
+    def update_config(self, values: Mapping[str, Any]) -> None:
+        """Merge ``values`` into the config (sent on a timer and at finish)."""
+        with self._lock:
+            self.config.update(values)
+            self._dirty["config"] = True
+
+    def send_updates(self, timeout_s: float | None = None) -> None:
+        """Send pending config and summary changes now (the worker's timer calls this)."""
+        if self._lifecycle is None or not self._owner:
+            return
+        with self._lock:
+            config = dict(self.config) if self._dirty["config"] else None
+            summary = dict(self.summary) if self._dirty["summary"] else None
+            self._dirty = {"config": False, "summary": False}
+        if config is None and summary is None:
+            return
+        try:
+            self._lifecycle.update(self.id, config=config, summary=summary, timeout_s=timeout_s)
+        except Exception as err:  # noqa: BLE001  (metrics must never break training)
+            with self._lock:
+                self._dirty["config"] |= config is not None
+                self._dirty["summary"] |= summary is not None
+            logger.warning("could not send run updates (%s); will retry", describe(err))
+
+    # -- waiting (bounded) ---------------------------------------------------
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything logged before the call is stored or accounted for."""
+        done = self._worker.flush(timeout_s) if self._worker is not None else True
+        self._raise_first_error()
+        return done
+
+    def finish(
+        self,
+        summary: Mapping[str, Any] | None = None,
+        *,
+        status: str = "completed",
+        error: str | BaseException | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Flush, then record the terminal status; returns within ``timeout_s`` (+1 s).
+
+        Idempotent and thread-safe: the first call finishes, later ones wait
+        for it (within their own timeout) and return.
+        """
+        timeout = self.finish_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not self._finish_lock.acquire(blocking=False):
+            self._finished.wait(max(0.0, deadline - time.monotonic()) + 1.0)
+            return
+        try:
+            if self._finishing:
+                return
+            self._finishing = True
+            if summary:
+                self.log(summary)
+            self._finish(status, error, deadline, timeout)
+        finally:
+            self._finished.set()
+            self._finish_lock.release()
+        self._raise_first_error()
+
+    def _finish(self, status: str, error: str | BaseException | None, deadline: float, timeout: float) -> None:
+        reserve = min(_STATUS_RESERVE_MAX_S, timeout * _STATUS_RESERVE_FRACTION)
+        if self._worker is not None:
+            flushed = self._worker.close(max(0.0, deadline - reserve - time.monotonic()))
+            if not flushed:
+                logger.warning(
+                    "run %s: finish() ran out of time after %.1f s; records not uploaded are counted "
+                    "as failed (reason 'deadline'): %s", self.id, timeout, self._worker.failed_records,
+                )  # fmt: skip
+        self.status = status
+        if self._lifecycle is not None and self._owner:
+            remaining = max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic())
+            self.send_updates(timeout_s=remaining)
+            remaining = max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic())
+            try:
+                self._lifecycle.update(
+                    self.id, status=status, error=str(error) if error is not None else None, timeout_s=remaining
+                )
+            except Exception as err:  # noqa: BLE001  (finish must return, whatever the service does)
+                logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
+        self._hooks.uninstall()
+
+    def _finish_from_hook(self, status: str) -> None:
+        if not self._finishing:
+            try:
+                self.finish(status=status)
+            except PrimeRunsError as err:
+                logger.warning("run %s finished as %s with errors: %s", self.id, status, err)
+
+    def fail(self, error: str | BaseException, *, timeout_s: float | None = None) -> None:
+        """Finish the run as ``failed`` with ``error``."""
+        self.finish(status="failed", error=error, timeout_s=timeout_s)
+
+    async def aflush(self, timeout_s: float | None = None) -> bool:
+        """``flush`` without blocking the event loop; cancelling the await does not cancel the flush."""
+        return await _in_thread(self.flush, timeout_s)
+
+    async def afinish(self, summary: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        """``finish`` without blocking the event loop; shielded: the records still land if cancelled."""
+        await _in_thread(lambda: self.finish(summary, **kwargs))
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.finish(status="cancelled", error="KeyboardInterrupt")
+        else:
+            self.finish(status="failed", error=f"{exc_type.__name__}: {exc}")
+
+    # -- errors and accounting -------------------------------------------------
+
+    def _note_error(self, error: SinkError) -> None:
+        with self._lock:
+            first = self._first_error is None
+            if first:
+                self._first_error = error
+        if first and self._on_error == "warn":
+            logger.warning("run %s: %s (further failures are counted in run.stats())", self.id, error)
+
+    def _raise_first_error(self) -> None:
+        if self._on_error == "raise" and self._first_error is not None:
+            error, self._first_error = self._first_error, None
+            raise error
+
+    def stats(self) -> dict[str, Any]:
+        """Queued, in flight, stored, dropped, failed by sink and reason, spooled, latency."""
+        return self._worker.stats() if self._worker is not None else {}
+
+    @property
+    def dropped_records(self) -> int:
+        return self._worker.dropped_records if self._worker is not None else 0
+
+    @property
+    def failed_records(self) -> dict[str, int]:
+        return self._worker.failed_records if self._worker is not None else {}
+
+    def _after_fork_in_child(self) -> None:
+        # The child logs its own records but never finishes the parent's run.
+        self._owner = False
+        self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()
+        self._hooks.after_fork_in_child()
+        if self.mode == "online":
+            os.environ.setdefault(ENV_RUN_ID, self.id)
+
+
+async def _in_thread(func: Any, *args: Any) -> Any:
+    """Run ``func`` on a daemon thread; the await is shielded from cancellation."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(setter: Any, value: Any) -> None:
+        if not future.done():
+            setter(value)
+
+    def deliver(setter: Any, value: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, setter, value)
+        except RuntimeError:  # the loop closed meanwhile; the work itself is done
+            pass
+
+    def work() -> None:
+        try:
+            result = func(*args)
+        except BaseException as err:  # noqa: BLE001  (delivered to the awaiting task)
+            deliver(future.set_exception, err)
+        else:
+            deliver(future.set_result, result)
+
+    threading.Thread(target=work, name="prime-runs-await", daemon=True).start()
+    return await asyncio.shield(future)

@@ -1,0 +1,178 @@
+"""UploadWorker: never blocks, bounded queue, accounting, strikes, bounded close."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from prime_runs._queue import SizeMeter
+from prime_runs._sink import Ledger, SinkStatus
+from prime_runs._worker import DEADLINE, SINK_RETIRED, UploadWorker
+from prime_runs.errors import SinkError
+
+GATE_TIMEOUT_S = 30.0
+
+
+class GatedSink:
+    """Stores records once its gate opens; ``entered`` is set when a write arrives."""
+
+    def __init__(self, name: str = "test", *, status: SinkStatus = SinkStatus.OK, fail: int = 0,
+                 honour_cancel: bool = True) -> None:  # fmt: skip
+        self.name = name
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.status = status
+        self.fail = fail
+        self.honour_cancel = honour_cancel
+        self.writes: list[int] = []
+        self.closed = False
+
+    def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
+        self.entered.set()
+        if self.honour_cancel:
+            while not self.gate.wait(0.01):
+                if cancel.is_set():
+                    return SinkStatus.OK
+        else:
+            self.gate.wait(GATE_TIMEOUT_S)
+        self.writes.append(len(records))
+        if self.fail:
+            ledger.failed(self.fail, "rejected:invalid_trace")
+        ledger.stored(len(records) - self.fail)
+        return self.status
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def identity_holds(worker: UploadWorker, sink: str) -> bool:
+    return worker.accounting.unaccounted(sink) == 0
+
+
+def test_submit_never_waits_on_a_blocked_sink_and_counts_every_drop():
+    sink = GatedSink()
+    worker = UploadWorker([sink], max_queued_records=100)
+    assert worker.submit([{"id": "first"}])
+    assert sink.entered.wait(GATE_TIMEOUT_S)  # the worker holds one write; the queue is empty
+    slowest = 0.0
+    accepted = dropped = 0
+    for i in range(10_000):
+        started = time.perf_counter()
+        ok = worker.submit([{"id": f"r{i}"}])
+        slowest = max(slowest, time.perf_counter() - started)
+        accepted += ok
+        dropped += not ok
+    assert slowest < 0.5, slowest  # never waits on the gate
+    assert accepted == 100
+    assert dropped == 9_900
+    assert worker.dropped_records == 9_900
+    assert worker.accounting.snapshot()["dropped"] == {"queue_full_records": 9_900}
+    sink.gate.set()
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert worker.accounting.sinks["test"].stored == 101
+    assert identity_holds(worker, "test")
+
+
+def test_a_write_larger_than_the_bound_fits_an_empty_queue():
+    sink = GatedSink()
+    sink.gate.set()
+    worker = UploadWorker([sink], max_queued_records=10)
+    assert worker.submit([{"id": str(i)} for i in range(50)])
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert sink.writes == [50]
+    assert identity_holds(worker, "test")
+
+
+def test_the_queue_refuses_by_bytes_before_it_refuses_by_records():
+    sink = GatedSink()
+    meter = SizeMeter()
+    meter.observe(1_000)  # the worker has measured records of 1 kB
+    worker = UploadWorker([sink], max_queued_records=1_000, max_queued_bytes=10_000, size_meter=meter)
+    assert worker.submit([{"id": "holder"}])
+    assert sink.entered.wait(GATE_TIMEOUT_S)
+    results = [worker.submit([{"id": f"r{i}"}]) for i in range(20)]
+    assert results == [True] * 10 + [False] * 10
+    assert worker.accounting.snapshot()["dropped"] == {"queue_full_bytes": 10}
+    sink.gate.set()
+    worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert identity_holds(worker, "test")
+
+
+def test_flush_waits_for_everything_submitted_before_it():
+    sink = GatedSink()
+    worker = UploadWorker([sink])
+    worker.submit([{"id": "a"}, {"id": "b"}])
+    assert not worker.flush(timeout_s=0.05)
+    sink.gate.set()
+    assert worker.flush(timeout_s=GATE_TIMEOUT_S)
+    assert worker.accounting.sinks["test"].stored == 2
+    worker.close(timeout_s=1)
+
+
+def test_three_transient_failures_in_a_row_retire_the_sink():
+    sink = GatedSink(status=SinkStatus.TRANSIENT, fail=1)
+    sink.gate.set()
+    errors: list[SinkError] = []
+    worker = UploadWorker([sink], on_error=errors.append)
+    for i in range(5):
+        worker.submit([{"id": f"{i}-a"}, {"id": f"{i}-b"}])
+        assert worker.flush(timeout_s=GATE_TIMEOUT_S)
+    worker.close(timeout_s=1)
+    assert sink.writes == [2, 2, 2]
+    assert worker.retired == {"test"}
+    failed = worker.accounting.sinks["test"].failed
+    assert failed == {"rejected:invalid_trace": 3, SINK_RETIRED: 4}
+    assert worker.failed_records == {"test": 7}
+    assert [e.failures for e in errors][:3] == [{"rejected:invalid_trace": 1}] * 3
+    assert identity_holds(worker, "test")
+
+
+def test_close_returns_at_its_deadline_even_when_a_sink_never_returns():
+    sink = GatedSink(honour_cancel=False)
+    worker = UploadWorker([sink])
+    worker.submit([{"id": "stuck"}] * 3)
+    assert sink.entered.wait(GATE_TIMEOUT_S)
+    worker.submit([{"id": "queued"}] * 2)
+    started = time.monotonic()
+    assert worker.close(timeout_s=0.5) is False
+    elapsed = time.monotonic() - started
+    assert elapsed < 0.5 + 1.0, elapsed
+    assert worker.accounting.sinks["test"].failed == {DEADLINE: 5}
+    assert identity_holds(worker, "test")
+    sink.gate.set()  # the abandoned write finishing late changes nothing
+    assert worker.flush(timeout_s=1)
+    assert worker.accounting.sinks["test"].stored == 0
+    assert identity_holds(worker, "test")
+
+
+def test_submit_after_close_is_dropped_and_counted():
+    sink = GatedSink()
+    sink.gate.set()
+    worker = UploadWorker([sink])
+    worker.close(timeout_s=1)
+    assert worker.submit([{"id": "late"}]) is False
+    assert worker.accounting.snapshot()["dropped"] == {"closed": 1}
+
+
+def test_a_sink_that_raises_loses_its_write_not_the_worker():
+    class Broken(GatedSink):
+        def write(self, records, line_format, ledger, cancel):
+            raise RuntimeError("boom")
+
+    worker = UploadWorker([Broken()])
+    worker.submit([{"id": "a"}])
+    assert worker.flush(timeout_s=GATE_TIMEOUT_S)
+    worker.submit([{"id": "b"}])
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert worker.accounting.sinks["test"].failed == {"sink_error:RuntimeError": 2}
+    assert identity_holds(worker, "test")
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_bad_limits_are_refused(bad):
+    with pytest.raises(ValueError, match="max_queued_records"):
+        UploadWorker([GatedSink()], max_queued_records=bad)
