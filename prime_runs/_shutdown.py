@@ -27,10 +27,11 @@ SIGNAL_STATUS = {signal.SIGTERM: "crashed", signal.SIGINT: "cancelled"}
 class ShutdownHooks:
     """The ``atexit`` hook and signal handlers of one run."""
 
-    def __init__(self, finish: Callable[[str], Any], *, handle_signals: bool) -> None:
+    def __init__(self, finish: Callable[[str], Any], *, handle_signals: bool, timeout_s: float = 60.0) -> None:
         ref = weakref.WeakMethod(finish) if hasattr(finish, "__self__") else (lambda: finish)
         self._finish_ref = ref
         self._handle_signals = handle_signals
+        self._timeout_s = timeout_s
         self._previous: dict[int, Any] = {}
         self._installed = False
 
@@ -69,15 +70,23 @@ class ShutdownHooks:
             atexit.unregister(self._at_exit)
             self._installed = False
 
+    def _finish_logged(self, status: str) -> None:
+        try:
+            self._finish(status)
+        except Exception:  # noqa: BLE001  (a signal must still end the process)
+            logger.warning("finishing the run as %s on a signal failed", status, exc_info=True)
+
     def _at_exit(self) -> None:
         self._finish("crashed")
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         status = SIGNAL_STATUS.get(signal.Signals(signum), "crashed")
-        try:
-            self._finish(status)
-        except Exception:  # noqa: BLE001  (a signal must still end the process)
-            logger.warning("finishing the run on signal %d failed", signum, exc_info=True)
+        # Finish on another thread: this handler interrupts the main thread
+        # wherever it was, possibly holding a lock that finishing needs. The
+        # wait is bounded, so the signal still ends the process.
+        finisher = threading.Thread(target=self._finish_logged, args=(status,), name="prime-runs-signal", daemon=True)
+        finisher.start()
+        finisher.join(self._timeout_s + 2.0)
         previous = self._previous.get(signum, signal.SIG_DFL)
         signal.signal(signum, previous)
         if previous is signal.SIG_DFL:

@@ -81,7 +81,7 @@ class Run:
         self._first_error: SinkError | None = None
         self._warned = False
         self._dirty: dict[str, bool] = {"config": False, "summary": False}
-        self._hooks = ShutdownHooks(self._finish_from_hook, handle_signals=handle_signals)
+        self._hooks = ShutdownHooks(self._finish_from_hook, handle_signals=handle_signals, timeout_s=finish_timeout_s)
         if mode != "disabled":
             self._hooks.install()
         method = weakref.WeakMethod(self._after_fork_in_child)

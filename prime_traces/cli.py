@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from typing import Any
 
 from prime_traces._version import __version__
@@ -80,24 +79,23 @@ def _serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes
+    # Block the stop signals before any service thread exists (threads inherit
+    # the mask), then take them synchronously on the main thread: a Python
+    # handler waking an Event can be lost while the main thread blocks.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
         service = LocalTracesService(args.db, **options)
         service.start()
     except (ValueError, OSError) as err:
         print(f"prime-traces serve: {err}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    print(f"listening on {service.url}", flush=True)
     try:
-        stop.wait()
+        print(f"listening on {service.url}", flush=True)
+        signal.sigwait(stop_signals)
     finally:
         service.stop()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     return 0
 
 

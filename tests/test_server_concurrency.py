@@ -91,11 +91,13 @@ def test_credentials_do_not_share_a_limit(tmp_path):
     with LocalTracesService(tmp_path / "t.db", max_uploads_in_flight=2, before_upload=gate) as svc, \
             ThreadPoolExecutor(4) as pool:  # fmt: skip
         try:
-            held = [pool.submit(post_upload, svc.url, [trace(f"a-{i}")], token="token-a") for i in range(2)]
+            held = [pool.submit(post_upload, svc.url, [trace(f"a-{i}")], token="token-a")
+                    for i in range(2)]  # fmt: skip
             gate.wait_arrivals(2)
             saturated(post_upload(svc.url, [trace("a-2")], token="token-a"), 1.0)
             # token-a is at its limit; token-b still gets two uploads in.
-            held += [pool.submit(post_upload, svc.url, [trace(f"b-{i}")], token="token-b") for i in range(2)]
+            held += [pool.submit(post_upload, svc.url, [trace(f"b-{i}")], token="token-b")
+                     for i in range(2)]  # fmt: skip
             gate.wait_arrivals(4)
             saturated(post_upload(svc.url, [trace("b-2")], token="token-b"), 1.0)
             assert svc.stats()["in_flight"] == {a: 2, b: 2}

@@ -181,14 +181,27 @@ def test_drop_after_body_counts_down(tmp_path):
         assert post_upload(svc.url, [trace("t-1")]).status_code == 201
 
 
+def test_on_upload_is_called_with_the_key_of_each_upload(tmp_path):
+    seen: list[str] = []
+    bodies = [jsonl([trace("t-1")]), jsonl([trace("t-2")])]
+    with LocalTracesService(tmp_path / "t.db", on_upload=seen.append) as svc:
+        for body in bodies:
+            assert post_upload(svc.url, body).status_code == 201
+        assert post_upload(svc.url, bodies[0]).status_code == 200
+        assert post_upload(svc.url, bodies[1], key="sha256:bad").status_code == 400  # refused before it
+    assert seen == [digest_key(bodies[0]), digest_key(bodies[1]), digest_key(bodies[0])]
+
+
 def test_store_none_checks_everything_and_keeps_no_documents(tmp_path):
     docs = [trace("t-1"), trace("t-2")]
     with LocalTracesService(tmp_path / "t.db", store="none") as svc:
         resp = post_upload(svc.url, [trace("t-1"), b"not json"])
         assert resp.status_code == 400
         assert (resp.json()["error"]["code"], resp.json()["error"]["line"]) == ("invalid_trace", 2)
-        assert post_upload(svc.url, [trace("t-1"), trace("t-1")]).json()["error"]["code"] == "duplicate_trace_id"
-        assert post_upload(svc.url, docs, key=digest_key(b"x")).json()["error"]["code"] == "digest_mismatch"
+        resp = post_upload(svc.url, [trace("t-1"), trace("t-1")])
+        assert resp.json()["error"]["code"] == "duplicate_trace_id"
+        resp = post_upload(svc.url, docs, key=digest_key(b"x"))
+        assert resp.json()["error"]["code"] == "digest_mismatch"
         first = post_upload(svc.url, docs)
         assert first.status_code == 201
         assert stored_rows(svc) == {"uploads": 1, "traces": 0, "trace_docs": 0, "episodes": 0}

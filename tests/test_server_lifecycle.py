@@ -194,23 +194,28 @@ def test_serve_exits_2_when_the_port_is_taken(tmp_path, serve):
 SIGNAL_ROUNDS = 8
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_serve_stops_promptly_on_sigterm_while_an_upload_is_in_flight(serve):
-    # A process-directed signal may be delivered to any thread, here often to a
-    # request thread; the main thread must still wake up and stop the service.
-    # Only some deliveries land elsewhere, hence several rounds.
+def test_serve_stops_on_the_first_signal_while_an_upload_is_in_flight(serve):
+    # The service is up and idle, then an upload arrives and hangs; the signal
+    # lands while its request thread is busy. That delivery can miss the main
+    # thread, so only some rounds exercise it; a correct serve passes them all.
     body, headers = build_upload([trace("t-1")])
     for round_number in range(SIGNAL_ROUNDS):
+        signum = (signal.SIGTERM, signal.SIGINT)[round_number % 2]
         proc = serve("--hang-uploads")
-        host, port = _url(proc.read_line()).removeprefix("http://").rsplit(":", 1)
+        url = _url(proc.read_line())
+        assert requests.get(url + "/api/v1/_stats", headers=auth(), timeout=10).status_code == 200
+        host, port = url.removeprefix("http://").rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
         try:
             conn.request("POST", "/api/v1/traces", body=body, headers={**headers, **auth()})
-            proc.proc.send_signal(signal.SIGTERM)
+            proc.proc.send_signal(signum)
             try:
                 _, stderr = proc.finish(timeout_s=5.0)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"round {round_number}: serve ignored SIGTERM while an upload was in flight")
+                pytest.fail(f"round {round_number}: serve ignored {signum.name} "
+                            "while an upload was in flight")  # fmt: skip
             assert proc.proc.returncode == 0, stderr
             with pytest.raises((ConnectionError, http.client.HTTPException)):
                 conn.getresponse()  # the hung upload is cut off, never answered

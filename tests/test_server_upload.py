@@ -103,8 +103,8 @@ def zeros_key(mib: int) -> str:
 
 
 @functools.cache
-def zeros_stream(coding: str, mib: int) -> tuple[bytes, str]:
-    """``mib`` MiB of zero bytes in one gzip member or zstd frame, and its key.
+def zeros_stream(coding: str, mib: int) -> bytes:
+    """``mib`` MiB of zero bytes in one gzip member or zstd frame.
 
     Compressed chunk by chunk, so the test never holds the inflated bytes.
     """
@@ -117,7 +117,7 @@ def zeros_stream(coding: str, mib: int) -> tuple[bytes, str]:
     for _ in range(mib):
         out.append(comp.compress(chunk))
     out.append(comp.flush())
-    return b"".join(out), zeros_key(mib)
+    return b"".join(out)
 
 
 # -- formats and codings --------------------------------------------------------
@@ -295,12 +295,13 @@ def _flip_last_byte(data: bytes) -> bytes:
 
 
 _BODY = jsonl([trace(f"t-{i}") for i in range(20)])
+_GZ = gzip.compress(_BODY, mtime=0)
 MALFORMED = {
     "gzip-garbage": ("gzip", _BODY, b"this is not gzip at all"),
-    "gzip-truncated": ("gzip", _BODY, gzip.compress(_BODY, mtime=0)[: len(gzip.compress(_BODY)) // 2]),
-    "gzip-no-trailer": ("gzip", _BODY, gzip.compress(_BODY, mtime=0)[:-8]),
-    "gzip-bad-crc-or-size": ("gzip", _BODY, _flip_last_byte(gzip.compress(_BODY, mtime=0))),
-    "gzip-trailing-garbage": ("gzip", _BODY, gzip.compress(_BODY, mtime=0) + b"garbage!"),
+    "gzip-truncated": ("gzip", _BODY, _GZ[: len(_GZ) // 2]),
+    "gzip-no-trailer": ("gzip", _BODY, _GZ[:-8]),
+    "gzip-bad-crc-or-size": ("gzip", _BODY, _flip_last_byte(_GZ)),
+    "gzip-trailing-garbage": ("gzip", _BODY, _GZ + b"garbage!"),
     "gzip-empty-part": ("gzip", b"", b""),
     "zstd-garbage": ("zstd", _BODY, b"\x28\xb5\x2f\xfd" + b"\x00garbage" * 8),
     "zstd-not-zstd": ("zstd", _BODY, b"plainly not zstd"),
@@ -328,19 +329,23 @@ def test_malformed_encoding(service, case):
 )
 def test_decompression_bomb_is_upload_too_large(service, coding, mib, copies):
     # Two members/frames each under the limit must still count together.
-    encoded, _ = zeros_stream(coding, mib)
-    key = zeros_key(mib * copies)
-    resp = post_upload(service.url, b"", coding=coding, encoded=encoded * copies, key=key)
+    encoded = zeros_stream(coding, mib) * copies
+    resp = post_upload(service.url, b"", coding=coding, encoded=encoded, key=zeros_key(mib * copies))
     error_of(resp, 400, "upload_too_large")
     assert_nothing_stored(service)
 
 
 @pytest.mark.slow
-def test_exactly_the_uncompressed_limit_is_not_too_large(service):
+@pytest.mark.parametrize(
+    "coding, mib, copies",
+    [("gzip", 256, 1), ("zstd", 256, 1), ("gzip", 128, 2), ("zstd", 128, 2)],
+    ids=["gzip", "zstd", "gzip-two-members", "zstd-two-frames"],
+)
+def test_exactly_the_uncompressed_limit_is_not_too_large(service, coding, mib, copies):
     # 256 MiB of zeros is one 256 MiB line: past the size check, it fails as a line.
     assert MAX_UNCOMPRESSED_BYTES == 256 * MIB
-    encoded, key = zeros_stream("zstd", 256)
-    resp = post_upload(service.url, b"", coding="zstd", encoded=encoded, key=key)
+    encoded = zeros_stream(coding, mib) * copies
+    resp = post_upload(service.url, b"", coding=coding, encoded=encoded, key=zeros_key(256))
     line_error(resp, "trace_too_large", 1, None)
 
 
@@ -402,7 +407,8 @@ def test_digest_mismatch(service, key):
 
 def _sized_line(size: int, record_id: str = "big", cr: bool = False) -> bytes:
     """A JSON line of exactly ``size`` bytes before its LF (a trailing CR included)."""
-    head = b'{"id":"' + record_id.encode() + b'","timing":{"start":' + str(time.time()).encode() + b'},"pad":"'
+    start = str(time.time()).encode()
+    head = b'{"id":"' + record_id.encode() + b'","timing":{"start":' + start + b'},"pad":"'
     tail = b'"}' + (b"\r" if cr else b"")
     return head + b"x" * (size - len(head) - len(tail)) + tail
 
@@ -465,7 +471,9 @@ INVALID_TRACES = {
     "int-id": (trace(7), None, "trace"),  # type: ignore[arg-type]
     "null-id": (trace(None), None, "trace"),  # type: ignore[arg-type]
     "episode-no-id": (episode("", [trace("m-2")]), None, "episode"),
-    "member-without-id": (episode("ep-2", [trace("m-2"), {"timing": {"start": time.time()}}]), "ep-2", "episode"),
+    "member-without-id": (
+        episode("ep-2", [trace("m-2"), {"timing": {"start": time.time()}}]), "ep-2", "episode"
+    ),
     "member-empty-id": (episode("ep-2", [trace("")]), "ep-2", "episode"),
     "member-not-object": (episode("ep-2", [trace("m-2"), "m-3"]), "ep-2", "episode"),
 }
@@ -548,8 +556,10 @@ def test_created_at_inside_the_window_is_accepted(service):
     "fmt, lines, record_id",
     [
         ("trace", [trace("t-1"), trace("t-2"), trace("t-1")], "t-1"),
-        ("episode", [episode("ep-1", [trace("m-1")]), episode("ep-2", [trace("m-2"), trace("m-1")])], "ep-2"),
-        ("episode", [episode("ep-1", [trace("m-0")]), episode("ep-2", [trace("m-1"), trace("m-1")])], "ep-2"),
+        ("episode", [episode("ep-1", [trace("m-1")]),
+                     episode("ep-2", [trace("m-2"), trace("m-1")])], "ep-2"),
+        ("episode", [episode("ep-1", [trace("m-0")]),
+                     episode("ep-2", [trace("m-1"), trace("m-1")])], "ep-2"),
     ],
     ids=["trace-lines", "members-of-two-episodes", "members-of-one-episode"],
 )
@@ -661,7 +671,7 @@ def test_decoding_is_checked_before_the_digest(service):
 
 
 def test_size_is_checked_before_the_digest(service):
-    encoded, _ = zeros_stream("zstd", 257)
+    encoded = zeros_stream("zstd", 257)
     resp = post_upload(service.url, b"", coding="zstd", encoded=encoded, key=digest_key(b"x"))
     error_of(resp, 400, "upload_too_large")
 
