@@ -4,10 +4,8 @@
 ``func(args) -> int`` (exit status) as ``serve`` does. Output is a table or
 key/value lines for people, or with ``--json`` one JSON document on stdout for
 scripts. A failure is one line on stderr, ``prime-traces: <message>``, and
-exit status 1: never a traceback, never the API key. Standalone (and in
-tests) the same commands run through :func:`main`::
-
-    python -m prime_traces._cli_client list --run-id run-1 --json
+exit status 1: never a traceback, never the API key. ``prime_traces.cli``
+wires them into ``prime-traces`` beside ``serve``.
 """
 
 from __future__ import annotations
@@ -261,24 +259,3 @@ def _delete(api: ReadAPI, args: argparse.Namespace) -> None:
 def _delete_run(api: ReadAPI, args: argparse.Namespace) -> None:
     api.delete_run(args.run_id)
     print(f"deleted the traces of run {args.run_id}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """A parser with only the client commands (``prime_traces.cli`` adds ``serve``)."""
-    parser = argparse.ArgumentParser(prog=PROG, description="Prime Traces client commands.")
-    add_client_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one client command; return its exit status (0, 1 on failure, 2 on bad usage)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
-    return int(args.func(args))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

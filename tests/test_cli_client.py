@@ -1,4 +1,4 @@
-"""The client commands of ``prime-traces``, run through ``_cli_client.main`` against the local service."""
+"""The client commands of ``prime-traces``, run through ``prime_traces.cli.main`` against the local service."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import orjson
 import pytest
 from _upload_helpers import make_trace, upload
 
-from prime_traces._cli_client import main
+from prime_traces.cli import main
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(60)
