@@ -1,4 +1,4 @@
-"""Test helpers: the exact upload request of contract §2, and §7-shaped documents.
+"""Test helpers for the read tests: uploads through ``_wire``, and parameterised §7 documents.
 
 ``upload()`` builds the multipart body the published client sends (metadata
 part, then the ``traces`` part with a per-part ``Content-Encoding``), so
@@ -10,81 +10,19 @@ tests exercise the service through HTTP the way a real client does::
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
-import secrets
 import time
 from typing import Any
 
-import orjson
 import requests
-import zstandard
-
-DEFAULT_TOKEN = "test-token"
-TIMEOUT_S = 30.0
-
-
-def auth(token: str = DEFAULT_TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def jsonl(lines: list[dict[str, Any] | bytes]) -> bytes:
-    """Compact JSON lines, each ending in LF; ``bytes`` items are taken verbatim."""
-    out = bytearray()
-    for line in lines:
-        out += line if isinstance(line, bytes) else orjson.dumps(line)
-        out += b"\n"
-    return bytes(out)
-
-
-def _encode(body: bytes, coding: str | None) -> bytes:
-    if coding == "gzip":
-        return gzip.compress(body, compresslevel=1, mtime=0)
-    if coding == "zstd":
-        return zstandard.ZstdCompressor(level=1).compress(body)
-    if coding is None:
-        return body
-    raise ValueError(f"coding must be 'gzip', 'zstd' or None, not {coding!r}")
-
-
-def multipart(body: bytes, *, context: dict[str, str] | None = None,
-              coding: str | None = "gzip") -> tuple[bytes, str]:
-    """``(request body, Content-Type)`` of an upload of ``body`` (uncompressed JSONL)."""
-    boundary = secrets.token_hex(16)
-    metadata: dict[str, Any] = {"schema_version": 1}
-    if context:
-        metadata["context"] = context
-    traces_headers = (
-        'Content-Disposition: form-data; name="traces"; filename="traces.jsonl"\r\n'
-        "Content-Type: application/x-ndjson\r\n"
-    )
-    if coding is not None:
-        traces_headers += f"Content-Encoding: {coding}\r\n"
-    out = (
-        f"--{boundary}\r\n"
-        'Content-Disposition: form-data; name="metadata"\r\n'
-        "Content-Type: application/json\r\n\r\n"
-    ).encode() + json.dumps(metadata).encode() + b"\r\n"
-    out += f"--{boundary}\r\n{traces_headers}\r\n".encode() + _encode(body, coding) + b"\r\n"
-    out += f"--{boundary}--\r\n".encode()
-    return out, f"multipart/form-data; boundary={boundary}"
+from _wire import DEFAULT_TOKEN, auth, jsonl, post_upload  # noqa: F401  (re-exported)
 
 
 def upload(url: str, lines: list[dict[str, Any] | bytes], *, episode: bool = False,
            context: dict[str, str] | None = None, token: str = DEFAULT_TOKEN,
            coding: str | None = "gzip") -> requests.Response:
     """POST one upload of ``lines`` to the service at ``url`` (its base URL)."""
-    body = jsonl(lines)
-    payload, content_type = multipart(body, context=context, coding=coding)
-    headers = {
-        **auth(token),
-        "Content-Type": content_type,
-        "Idempotency-Key": "sha256:" + hashlib.sha256(body).hexdigest(),
-    }
-    if episode:
-        headers["X-Prime-Line-Format"] = "episode"
-    return requests.post(f"{url}/api/v1/traces", data=payload, headers=headers, timeout=TIMEOUT_S)
+    return post_upload(url, lines, line_format="episode" if episode else None, context=context,
+                       token=token, coding=coding or "none")  # fmt: skip
 
 
 def make_trace(
