@@ -9,10 +9,10 @@ from typing import Any
 
 from prime_runs._encoding import RunStamp
 from prime_runs._lifecycle import (
-    ENV_RUN_ID,
     KINDS,
     RunLifecycle,
     describe,
+    export_run_id,
     new_run_id,
     rank_info,
     resolve_mode,
@@ -20,9 +20,11 @@ from prime_runs._lifecycle import (
 from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, SizeMeter
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError
-from prime_runs.run import Run
+from prime_runs.run import ON_ERROR, Run
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, TracesClient
+from prime_traces._compress import COMPRESSION_CHOICES
 from prime_traces._config import DEFAULT_BASE_URL, resolve_config
+from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,17 @@ def init(
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     if finish_timeout_s < 0:
         raise ValueError(f"finish_timeout_s must be at least 0, not {finish_timeout_s}")
+    # Everything is checked before anything is created on the service.
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+    if max_queued_records < 1:
+        raise ValueError(f"max_queued_records must be greater than 0, not {max_queued_records}")
+    if max_queued_bytes < 1:
+        raise ValueError(f"max_queued_bytes must be greater than 0, not {max_queued_bytes}")
+    if not 1 <= max_in_flight <= MAX_IN_FLIGHT_LIMIT:
+        raise ValueError(f"max_in_flight must be between 1 and {MAX_IN_FLIGHT_LIMIT}, not {max_in_flight}")
+    if compression not in COMPRESSION_CHOICES:
+        raise ValueError(f"compression must be one of {', '.join(COMPRESSION_CHOICES)}, not {compression!r}")
     settings = resolve_config(api_key, base_url, team_id)
     configured = bool(settings.api_key) or settings.base_url != DEFAULT_BASE_URL
     chosen = resolve_mode(mode, online_configured=configured)
@@ -127,7 +140,7 @@ def _online(settings: Any, ranks: Any, tags: list[str] | None, meter: SizeMeter,
         url = payload.get("url")
         common["name"] = payload.get("name", common["name"])
         # Processes this one starts (other ranks, eval workers) log into the same run.
-        os.environ[ENV_RUN_ID] = run_id
+        export_run_id(run_id)
     assert run_id is not None
     context = {"source": "prime-runs", "run_type": common["kind"]}
     sink = TracesSink(client, stamp=RunStamp(run_id, common["kind"]), context=context, meter=meter, owns_client=True)

@@ -41,11 +41,25 @@ class RankInfo:
     run_id: str | None
 
 
+# Run ids this process exported to PRIME_RUN_ID, by pid: a later init() in the
+# same process starts a new run instead of attaching to its own earlier one.
+_exported: dict[str, int] = {}
+
+
+def export_run_id(run_id: str) -> None:
+    """Publish ``run_id`` to processes this one starts."""
+    os.environ[ENV_RUN_ID] = run_id
+    _exported[run_id] = os.getpid()
+
+
 def rank_info(explicit_id: str | None, environ: Mapping[str, str] | None = None) -> RankInfo:
     """Who owns the run: no ``RANK`` or ``RANK=0`` does; other ranks attach."""
     env = os.environ if environ is None else environ
     raw = env.get(ENV_RANK)
-    run_id = explicit_id or env.get(ENV_RUN_ID) or None
+    inherited = env.get(ENV_RUN_ID) or None
+    if inherited is not None and _exported.get(inherited) == os.getpid():
+        inherited = None
+    run_id = explicit_id or inherited
     if raw is None or raw.strip() == "":
         return RankInfo(None, True, run_id)
     try:

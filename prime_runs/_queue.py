@@ -24,18 +24,17 @@ DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
 class SizeMeter:
     """Running mean of encoded record size, fed by the worker, read by ``put``.
 
-    A float read is atomic under the GIL, so ``put`` reads it without a lock.
+    Only the worker thread writes it, and a float read is atomic under the
+    GIL, so it needs no lock (and a fork can never catch one held).
     """
 
     def __init__(self) -> None:
         self.mean_bytes = 0.0
         self._count = 0
-        self._lock = threading.Lock()
 
     def observe(self, size_bytes: int) -> None:
-        with self._lock:
-            self._count += 1
-            self.mean_bytes += (size_bytes - self.mean_bytes) / self._count
+        self._count += 1
+        self.mean_bytes += (size_bytes - self.mean_bytes) / self._count
 
 
 @dataclass

@@ -112,6 +112,10 @@ class UploadWorker:
         self.accounting.count_submit(len(records), time.perf_counter() - started)
         return accepted
 
+    def start(self) -> None:
+        """Start the worker thread now (it otherwise starts with the first write)."""
+        self._ensure_thread()
+
     def _ensure_thread(self) -> None:
         if self._thread is not None:
             return

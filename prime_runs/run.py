@@ -23,6 +23,7 @@ ON_ERROR = ("warn", "raise")
 _STATUS_RESERVE_FRACTION = 0.2
 _STATUS_RESERVE_MAX_S = 2.0
 _STATUS_MIN_TIMEOUT_S = 0.2
+_UPDATE_LOCK_TIMEOUT_S = 0.5
 
 
 class Run:
@@ -113,6 +114,13 @@ class Run:
             if step is not None:
                 self.summary["step"] = step
             self._dirty["summary"] = True
+        self._start_timer()
+
+    def _start_timer(self) -> None:
+        # The worker thread also runs the update timer: start it for runs that
+        # log metrics before (or without) any episode.
+        if self._worker is not None and self._lifecycle is not None and self._owner:
+            self._worker.start()
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into the summary (sent on a timer and at finish)."""
@@ -123,23 +131,31 @@ class Run:
         with self._lock:
             self.config.update(values)
             self._dirty["config"] = True
+        self._start_timer()
 
     def send_updates(self, timeout_s: float | None = None) -> None:
         """Send pending config and summary changes now (the worker's timer calls this)."""
         if self._lifecycle is None or not self._owner:
             return
-        with self._lock:
+        # Bounded: a signal handler may finish the run while the interrupted
+        # main thread holds the lock inside log().
+        if not self._lock.acquire(timeout=_UPDATE_LOCK_TIMEOUT_S):
+            logger.warning("run %s: summary busy; sending the status without the latest metrics", self.id)
+            return
+        try:
             config = dict(self.config) if self._dirty["config"] else None
             summary = dict(self.summary) if self._dirty["summary"] else None
             self._dirty = {"config": False, "summary": False}
+        finally:
+            self._lock.release()
         if config is None and summary is None:
             return
         try:
             self._lifecycle.update(self.id, config=config, summary=summary, timeout_s=timeout_s)
         except Exception as err:  # noqa: BLE001  (metrics must never break training)
-            with self._lock:
-                self._dirty["config"] |= config is not None
-                self._dirty["summary"] |= summary is not None
+            # Plain flag writes, no lock: this may run from a signal's finisher.
+            self._dirty["config"] |= config is not None
+            self._dirty["summary"] |= summary is not None
             logger.warning("could not send run updates (%s); will retry", describe(err))
 
     # -- waiting (bounded) ---------------------------------------------------
@@ -225,12 +241,18 @@ class Run:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
+        if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
             self.finish()
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.finish(status="cancelled", error="KeyboardInterrupt")
+            return
+        if issubclass(exc_type, KeyboardInterrupt):
+            status, error = "cancelled", "KeyboardInterrupt"
         else:
-            self.finish(status="failed", error=f"{exc_type.__name__}: {exc}")
+            status, error = "failed", f"{exc_type.__name__}: {exc}"
+        try:
+            self.finish(status=status, error=error)
+        except PrimeRunsError as err:
+            # The block's own exception is the one to propagate.
+            logger.warning("run %s finished as %s with upload errors: %s", self.id, status, err)
 
     # -- errors and accounting -------------------------------------------------
 

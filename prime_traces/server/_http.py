@@ -149,6 +149,9 @@ def producer_of(token: str) -> str:
 
 class RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle on, every
+    # keep-alive answer would wait ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
     server_version = f"prime-traces-local/{__version__}"
     server: TracesHTTPServer
 
