@@ -19,6 +19,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import tenacity
 from tenacity import RetryCallState
@@ -208,25 +209,10 @@ def upload_retrying(
     )
 
 
-def get_retrying(
-    max_attempts: int = DEFAULT_GET_ATTEMPTS,
-    *,
-    cancel: threading.Event | None = None,
-    sleep: Callable[[float], None] | None = None,
-    deadline_monotonic: float | None = None,
-    rng: random.Random | None = None,
-    clock: Callable[[], float] = time.monotonic,
-) -> tenacity.Retrying:
+def get_retrying(max_attempts: int = DEFAULT_GET_ATTEMPTS, **kwargs: Any) -> tenacity.Retrying:
     """The retry policy of a GET: as :func:`upload_retrying`, 3 attempts by default.
 
     A streamed raw GET must only be retried before its first body byte; the
     caller enforces that by raising a non-retryable error after it.
     """
-    return _retrying(
-        max_attempts,
-        cancel=cancel,
-        sleep=sleep,
-        deadline_monotonic=deadline_monotonic,
-        rng=rng,
-        clock=clock,
-    )
+    return upload_retrying(max_attempts, **kwargs)

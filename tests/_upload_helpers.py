@@ -110,3 +110,27 @@ def make_episode(
     if run_id is not None:
         envelope["run"] = {"id": run_id, "type": run_type}
     return envelope
+
+
+# -- plain requests to the service ---------------------------------------------
+
+
+def api(svc: Any, method: str, path: str, params: Any = None, json: Any = None,
+        token: str = DEFAULT_TOKEN) -> requests.Response:
+    return requests.request(method, f"{svc.url}/api/v1{path}", params=params, json=json,
+                            headers=auth(token), timeout=30)  # fmt: skip
+
+
+def ok(svc: Any, path: str, params: Any = None) -> Any:
+    resp = api(svc, "GET", path, params)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def error_code(resp: requests.Response) -> str:
+    return resp.json()["error"]["code"]
+
+
+def committed(resp: requests.Response) -> str:
+    assert resp.status_code in (200, 201), resp.text
+    return resp.json()["upload_id"]

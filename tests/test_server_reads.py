@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 import requests
-from _upload_helpers import auth, make_episode, make_trace, upload
+from _upload_helpers import api, auth, committed, error_code, make_episode, make_trace, ok, upload
 
 from prime_traces.server import LocalTracesService
 
@@ -31,25 +31,6 @@ EPISODE_FIELDS = {
 def svc(tmp_path) -> Iterator[LocalTracesService]:
     with LocalTracesService(tmp_path / "traces.db") as service:
         yield service
-
-
-def api(svc: LocalTracesService, method: str, path: str, params: Any = None) -> requests.Response:
-    return requests.request(method, f"{svc.url}/api/v1{path}", params=params, headers=auth(), timeout=30)
-
-
-def ok(svc: LocalTracesService, path: str, params: Any = None) -> Any:
-    resp = api(svc, "GET", path, params)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
-def error_code(resp: requests.Response) -> str:
-    return resp.json()["error"]["code"]
-
-
-def committed(resp: requests.Response) -> str:
-    assert resp.status_code in (200, 201), resp.text
-    return resp.json()["upload_id"]
 
 
 def ids(page: dict[str, Any], key: str = "trace_id") -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import requests
-from _upload_helpers import auth, make_episode, make_trace, upload
+from _upload_helpers import api, auth, committed, error_code, make_episode, make_trace, ok, upload
 
 from prime_traces.server import LocalTracesService
 from prime_traces.server._http import producer_of
@@ -27,27 +27,6 @@ LIFECYCLE_FIELDS = {"name", "kind", "status", "config", "summary", "error", "cre
 def svc(tmp_path) -> Iterator[LocalTracesService]:
     with LocalTracesService(tmp_path / "traces.db") as service:
         yield service
-
-
-def api(svc: LocalTracesService, method: str, path: str, params: Any = None, json: Any = None,
-        token: str = "test-token") -> requests.Response:
-    return requests.request(method, f"{svc.url}/api/v1{path}", params=params, json=json,
-                            headers=auth(token), timeout=30)  # fmt: skip
-
-
-def ok(svc: LocalTracesService, path: str, params: Any = None) -> Any:
-    resp = api(svc, "GET", path, params)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
-def error_code(resp: requests.Response) -> str:
-    return resp.json()["error"]["code"]
-
-
-def committed(resp: requests.Response) -> str:
-    assert resp.status_code in (200, 201), resp.text
-    return resp.json()["upload_id"]
 
 
 def iso(epoch: float) -> str:
