@@ -13,10 +13,11 @@ from collections.abc import Iterable, Mapping
 
 import zstandard
 
-#: gzip level of the 0.0.10 client: the service pays for wire bytes far less
-#: than the producer pays for CPU.
+#: gzip level: the fastest. The 0.0.10 client used level 9, which costs several
+#: times the CPU for ~20% fewer bytes; the producer's CPU is the scarce thing.
 GZIP_LEVEL = 1
-#: zstd level; ``tools/bench_compress.py`` measures the trade-off against gzip-1.
+#: zstd level: the lowest at least as small as gzip-1, at under half its CPU
+#: (``tools/bench_compress.py``, ``docs/benchmarks.md``).
 DEFAULT_ZSTD_LEVEL = 1
 
 IDENTITY = "identity"
@@ -117,11 +118,13 @@ class CodingSelector:
                 f"got {compression!r}"
             )
         self.compression = compression
-        # An Event is a thread-safe flag: pool threads set it, any thread reads it.
+        # Events are thread-safe flags: pool threads set them, any thread reads them.
         self._zstd_accepted = threading.Event()
+        self._answered = threading.Event()
 
     def observe(self, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> None:
         """Note a response's headers; in ``"auto"`` mode, switch to zstd once it is advertised."""
+        self._answered.set()
         if self.compression == COMPRESSION_AUTO and not self._zstd_accepted.is_set():
             if advertises_zstd(headers):
                 self._zstd_accepted.set()
@@ -134,6 +137,11 @@ class CodingSelector:
         """
         if self.compression == COMPRESSION_AUTO and coding == ZSTD:
             self._zstd_accepted.clear()
+
+    @property
+    def probing(self) -> bool:
+        """``"auto"`` before any upload was answered: the coding to use is not known yet."""
+        return self.compression == COMPRESSION_AUTO and not self._answered.is_set()
 
     def current(self) -> str:
         """The coding for the next upload: ``"gzip"``, ``"zstd"`` or ``"identity"``."""

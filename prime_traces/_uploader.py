@@ -209,7 +209,11 @@ class Upload:
         # At most max_in_flight requests run; finished batches waiting behind a
         # slow head-of-line batch may add as many again (bounded memory).
         running = sum(1 for _, future in self.window if not future.done())
-        return running < self.max_in_flight and len(self.window) < 2 * self.max_in_flight
+        limit = self.max_in_flight
+        if self.sender.selector.probing and not any(future.done() for _, future in self.window):
+            # "auto": one batch asks first, so the rest go in the coding the service advertises.
+            limit = 1
+        return running < limit and len(self.window) < 2 * self.max_in_flight
 
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()

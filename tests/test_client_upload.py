@@ -109,7 +109,7 @@ def test_upload_records_picks_episode_format_from_the_first_record(service):
 def test_at_least_three_uploads_are_in_flight_at_once(tmp_path):
     barrier = threading.Barrier(3)
     with LocalTracesService(tmp_path / "db", before_upload=lambda: barrier.wait(timeout=20)) as svc:
-        with client_for(svc, max_in_flight=4) as client:
+        with client_for(svc, max_in_flight=4, compression="gzip") as client:
             receipts = client.upload_lines(lines_of(6, pad=900), target_batch_bytes=2_000)
         assert len(receipts) == 6
         assert svc.stats()["max_in_flight"][_producer()] >= 3
@@ -149,7 +149,7 @@ def test_receipts_and_on_batch_come_in_batch_order_when_later_batches_finish_fir
 
     calls = []
     with LocalTracesService(tmp_path / "db", on_upload=on_upload) as svc:
-        with client_for(svc, max_in_flight=8) as client:
+        with client_for(svc, max_in_flight=8, compression="gzip") as client:
             receipts = client.upload_lines(
                 lines,
                 target_batch_bytes=2_000,
@@ -226,20 +226,27 @@ def test_a_connection_dropped_after_the_body_is_retried_and_stored_once(tmp_path
     assert stats["replays"] == 1
 
 
-def test_auto_compression_sends_zstd_only_after_the_service_advertises_it(service):
-    seen: list[str] = []
-    original = service.faults
+def test_auto_compression_sends_zstd_only_after_the_service_advertises_it(tmp_path):
+    import prime_traces.server._upload as upload_route
 
-    def record(_key: str) -> None:
-        seen.append("x")
+    seen: list[tuple[str, int]] = []
+    original = upload_route._process
 
-    original.on_upload = record
-    with client_for(service) as client:
-        assert client._selector.current() == "gzip"
-        client.upload_lines(lines_of(2))
-        assert client._selector.current() == "zstd"
-        client.upload_lines(lines_of(2, prefix="u"))
-    assert len(seen) == 2
+    def capture(req, body, digest, raw_format):
+        coding = b"Content-Encoding: zstd" in body and "zstd" or "gzip"
+        seen.append((coding, svc.stats()["max_in_flight"].get(_producer(), 0)))
+        return original(req, body, digest, raw_format)
+
+    upload_route._process = capture
+    try:
+        with LocalTracesService(tmp_path / "db") as svc:
+            with client_for(svc, max_in_flight=4) as client:
+                client.upload_lines(lines_of(8, pad=900), target_batch_bytes=2_000)
+    finally:
+        upload_route._process = original
+    # The first batch asks alone, in gzip; once zstd is advertised, the rest go in zstd.
+    assert seen[0] == ("gzip", 1)
+    assert [coding for coding, _ in seen[1:]] == ["zstd"] * 7
 
 
 def test_cancel_stops_new_requests_and_reports_what_committed(tmp_path):
