@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prime_runs._accounting import Accounting
@@ -31,6 +32,19 @@ DEADLINE = "deadline"
 SINK_INCOMPLETE = "sink_incomplete"
 #: How long close() waits, past its deadline, for the write in progress to account for itself.
 ACCOUNTING_GRACE_S = 0.8
+
+
+@dataclass
+class _Group:
+    """Consecutive writes of one line format, handed to the sinks together."""
+
+    key: int
+    records: list[Any]
+    line_format: str
+
+    @property
+    def count(self) -> int:
+        return len(self.records)
 
 
 class UploadWorker:
@@ -92,6 +106,7 @@ class UploadWorker:
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._inflight: dict[int, list[Ledger]] = {}
+        self._taken: list[_Group] = []
         self._strikes = {s.name: 0 for s in self.sinks}
         self.retired: set[str] = set()
 
@@ -188,18 +203,29 @@ class UploadWorker:
     # -- the worker thread -----------------------------------------------------
 
     def _register(self, writes: list[Write]) -> None:
+        # Consecutive writes of one line format go to the sinks as one: many
+        # small log_episodes() calls still fill batches and the request window.
+        groups: list[_Group] = []
+        for write in writes:
+            line_format = write.line_format or detect_line_format(write.records)
+            if groups and groups[-1].line_format == line_format:
+                groups[-1].records.extend(write.records)
+            else:
+                groups.append(_Group(write.seq, list(write.records), line_format))
         with self._lock:
-            for write in writes:
-                self._inflight[write.seq] = [Ledger(self.accounting, s.name, write.count) for s in self.sinks]
+            for group in groups:
+                self._inflight[group.key] = [Ledger(self.accounting, s.name, group.count) for s in self.sinks]
+        self._taken = groups
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
         while True:
             timeout = max(0.0, next_tick - time.monotonic()) if self.tick is not None else None
+            self._taken = []
             writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._register)
             self._report_drops()
-            for write in writes:
-                self._process(write)
+            for group in self._taken:
+                self._process(group)
             self._queue.done(writes)
             if self.tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.tick_interval_s
@@ -214,12 +240,11 @@ class UploadWorker:
         except Exception:  # noqa: BLE001  (a periodic hook must not kill the worker)
             logger.warning("periodic run update failed", exc_info=True)
 
-    def _process(self, write: Write) -> None:
+    def _process(self, group: _Group) -> None:
         with self._lock:
-            ledgers = self._inflight.get(write.seq)
+            ledgers = self._inflight.get(group.key)
         if ledgers is None:  # closed at the deadline meanwhile
             return
-        line_format = write.line_format or detect_line_format(write.records)
         for sink, ledger in zip(self.sinks, ledgers):
             if sink.name in self.retired:
                 ledger.close(SINK_RETIRED)
@@ -228,15 +253,15 @@ class UploadWorker:
                 ledger.close(DEADLINE)
                 continue
             try:
-                status = sink.write(write.records, line_format, ledger, self._cancel)
+                status = sink.write(group.records, group.line_format, ledger, self._cancel)
             except Exception as err:  # noqa: BLE001  (a broken sink loses its write, not the worker)
-                logger.warning("sink %s failed on a write of %d records", sink.name, write.count, exc_info=True)
+                logger.warning("sink %s failed on a write of %d records", sink.name, group.count, exc_info=True)
                 ledger.failed(ledger.remaining, f"sink_error:{type(err).__name__}")
                 status = SinkStatus.TRANSIENT
             ledger.close(DEADLINE if self._cancel.is_set() else SINK_INCOMPLETE)
             self._after_write(sink, ledger, status)
         with self._lock:
-            self._inflight.pop(write.seq, None)
+            self._inflight.pop(group.key, None)
 
     def _after_write(self, sink: Sink, ledger: Ledger, status: SinkStatus) -> None:
         if status is SinkStatus.TRANSIENT:

@@ -176,3 +176,27 @@ def test_a_sink_that_raises_loses_its_write_not_the_worker():
 def test_bad_limits_are_refused(bad):
     with pytest.raises(ValueError, match="max_queued_records"):
         UploadWorker([GatedSink()], max_queued_records=bad)
+
+
+def test_writes_waiting_together_reach_the_sink_as_one_per_line_format():
+    sink = GatedSink()
+    formats: list[str] = []
+    original = sink.write
+
+    def write(records, line_format, ledger, cancel):
+        formats.append(line_format)
+        return original(records, line_format, ledger, cancel)
+
+    sink.write = write
+    worker = UploadWorker([sink])
+    worker.submit([{"id": "first"}])
+    assert sink.entered.wait(GATE_TIMEOUT_S)
+    for i in range(5):
+        worker.submit([{"id": f"e{i}", "traces": []}] * 2)  # episodes
+    worker.submit([{"id": "t"}] * 3, line_format="trace")
+    worker.submit([{"id": "e", "traces": []}])
+    sink.gate.set()
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert sink.writes == [1, 10, 3, 1]
+    assert formats == ["trace", "episode", "trace", "episode"]
+    assert identity_holds(worker, "test")
