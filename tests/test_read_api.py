@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from _upload_helpers import DEFAULT_TOKEN, jsonl, make_episode, make_trace, upload
+from _upload_helpers import DEFAULT_TOKEN, make_episode, make_trace, upload
 
 from prime_traces._config import resolve_config
 from prime_traces._models import TraceSummary

@@ -7,14 +7,11 @@ contract's verification order where one request has two faults.
 
 from __future__ import annotations
 
-import functools
 import gzip
-import hashlib
 import http.client
 import json
 import socket
 import time
-import zlib
 from typing import Any
 
 import pytest
@@ -39,85 +36,18 @@ from prime_traces.server._ingest import (
 )
 from prime_traces.server._service import MAX_UNCOMPRESSED_BYTES
 
-MIB = 1024 * 1024
-DAY_S = 24 * 3600
-TABLES = ("uploads", "traces", "trace_docs", "episodes", "episode_docs")
-
-
-# -- helpers --------------------------------------------------------------------
-
-
-def committed(resp: Any, body: bytes, status: int = 201) -> dict[str, Any]:
-    """Assert a receipt for ``body`` (uncompressed) and return it."""
-    assert resp.status_code == status, resp.text
-    assert resp.headers.get("Accept-Encoding") == ACCEPT_ENCODING
-    receipt = resp.json()
-    assert receipt["upload_id"] == hashlib.sha256(body).hexdigest()
-    assert receipt["status"] == "committed"
-    return receipt
-
-
-def error_of(resp: Any, status: int, code: str | None) -> dict[str, Any]:
-    """Assert an error envelope on an upload answer and return its ``error``."""
-    assert resp.status_code == status, resp.text
-    assert resp.headers.get("Accept-Encoding") == ACCEPT_ENCODING
-    error = resp.json()["error"]
-    assert isinstance(error["message"], str) and error["message"]
-    if code is not None:
-        assert error["code"] == code, error
-    return error
-
-
-def line_error(resp: Any, code: str, line: int, record_id: str | None) -> dict[str, Any]:
-    error = error_of(resp, 400, code)
-    assert error.get("line") == line, error
-    if record_id is None:
-        assert "id" not in error, error
-    else:
-        assert error.get("id") == record_id, error
-    return error
-
-
-def counts(svc: LocalTracesService) -> dict[str, int]:
-    with svc.state.store.reader() as conn:
-        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in TABLES}
-
-
-def assert_nothing_stored(svc: LocalTracesService) -> None:
-    assert counts(svc) == dict.fromkeys(TABLES, 0)
-    assert svc.stats()["uploads"] == 0
-
-
-def good_then(bad: dict[str, Any] | bytes | str, *, fmt: str = "trace") -> list[Any]:
-    """A valid first line, then ``bad`` as line 2."""
-    first = trace("good-1") if fmt == "trace" else episode("ep-good", [trace("good-m1")])
-    return [first, bad]
-
-
-@functools.cache
-def zeros_key(mib: int) -> str:
-    digest = hashlib.sha256()
-    for _ in range(mib):
-        digest.update(bytes(MIB))
-    return "sha256:" + digest.hexdigest()
-
-
-@functools.cache
-def zeros_stream(coding: str, mib: int) -> bytes:
-    """``mib`` MiB of zero bytes in one gzip member or zstd frame.
-
-    Compressed chunk by chunk, so the test never holds the inflated bytes.
-    """
-    chunk = bytes(MIB)
-    if coding == "gzip":
-        comp: Any = zlib.compressobj(9, zlib.DEFLATED, 31, 9, zlib.Z_RLE)
-    else:
-        comp = zstandard.ZstdCompressor(level=1).compressobj()
-    out = []
-    for _ in range(mib):
-        out.append(comp.compress(chunk))
-    out.append(comp.flush())
-    return b"".join(out)
+from _upload_checks import (
+    DAY_S,
+    MIB,
+    assert_nothing_stored,
+    committed,
+    counts,
+    error_of,
+    good_then,
+    line_error,
+    zeros_key,
+    zeros_stream,
+)
 
 
 # -- formats and codings --------------------------------------------------------
@@ -629,103 +559,3 @@ def test_last_line_may_lack_a_newline(service):
     with service.state.store.reader() as conn:
         docs = [bytes(r[0]) for r in conn.execute("SELECT raw FROM trace_docs ORDER BY seq")]
     assert docs == body.split(b"\n")
-
-
-# -- all or nothing ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize("fmt", ["trace", "episode"])
-def test_a_rejected_upload_stores_nothing_and_is_not_remembered(service, fmt):
-    if fmt == "trace":
-        good = [trace(f"t-{i}") for i in range(5)]
-        bad, code, record_id = good + [trace("t-1")], "duplicate_trace_id", "t-1"
-    else:
-        good = [episode(f"ep-{i}", [trace(f"m-{i}")]) for i in range(5)]
-        bad = good + [episode("ep-9", [trace("m-9", timing=None)])]
-        code, record_id = "created_at_out_of_window", "ep-9"
-    header = "episode" if fmt == "episode" else None
-    for _ in range(2):  # the same bytes get the same verdict: nothing was remembered
-        line_error(post_upload(service.url, bad, line_format=header), code, 6, record_id)
-        assert_nothing_stored(service)
-    committed(post_upload(service.url, good, line_format=header), jsonl(good))
-    assert service.stats()["replays"] == 0
-    assert counts(service)["uploads"] == 1
-
-
-# -- verification order -----------------------------------------------------------
-
-
-def test_key_syntax_is_checked_before_the_body(service):
-    resp = post_upload(service.url, b"", key="sha256:nope", omit_metadata=True, encoded=b"not gzip")
-    error_of(resp, 400, "invalid_idempotency_key")
-
-
-def test_metadata_part_is_checked_before_decoding(service):
-    resp = post_upload(service.url, [trace("t-1")], omit_metadata=True, encoded=b"not gzip")
-    error_of(resp, 400, "invalid_metadata")
-
-
-def test_decoding_is_checked_before_the_digest(service):
-    resp = post_upload(service.url, [trace("t-1")], key=digest_key(b"x"), encoded=b"not gzip")
-    error_of(resp, 400, "malformed_encoding")
-
-
-def test_size_is_checked_before_the_digest(service):
-    encoded = zeros_stream("zstd", 257)
-    resp = post_upload(service.url, b"", coding="zstd", encoded=encoded, key=digest_key(b"x"))
-    error_of(resp, 400, "upload_too_large")
-
-
-def test_digest_is_checked_before_metadata_and_lines(service):
-    lines = [b"not json", trace("t-1"), trace("t-1")]
-    resp = post_upload(service.url, lines, key=digest_key(b"x"), metadata={"schema_version": 99})
-    error_of(resp, 400, "digest_mismatch")
-
-
-def test_metadata_is_checked_before_lines(service):
-    resp = post_upload(service.url, [b"not json"], metadata={"schema_version": 2})
-    error_of(resp, 400, "unsupported_schema_version")
-
-
-def test_a_replay_is_answered_before_metadata_and_line_checks(service):
-    docs = [trace("t-1"), trace("t-2")]
-    receipt = committed(post_upload(service.url, docs), jsonl(docs))
-    # These bytes would now fail line validation, and this metadata would fail too.
-    service.faults.reject_marker = '"t-2"'
-    resp = post_upload(service.url, docs, metadata={"schema_version": 2, "context": [1]})
-    assert committed(resp, jsonl(docs), status=200) == receipt
-    assert service.stats()["replays"] == 1
-
-
-# -- 401, 415 ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "authorization",
-    [None, "", "Bearer", "Bearer    ", "Basic dGVzdDp0ZXN0", "test-token"],
-    ids=["missing", "empty", "scheme-only", "blank-token", "basic", "no-scheme"],
-)
-def test_upload_without_a_bearer_token_is_unauthenticated(service, authorization):
-    body, headers = build_upload([trace("t-1")], key="sha256:bad")  # auth comes first
-    if authorization is not None:
-        headers["Authorization"] = authorization
-    error_of(post_upload(service.url, request=(body, headers), token=None), 401, "unauthenticated")
-    assert_nothing_stored(service)
-
-
-def test_wrong_token_is_unauthenticated_when_an_api_key_is_set(tmp_path):
-    docs = [trace("t-1")]
-    with LocalTracesService(tmp_path / "t.db", api_key="s3cret") as svc:
-        for token in ("test-token", "s3cre", "s3cret2", "S3CRET"):
-            error_of(post_upload(svc.url, docs, token=token), 401, "unauthenticated")
-        assert_nothing_stored(svc)
-        committed(post_upload(svc.url, docs, token="s3cret"), jsonl(docs))
-
-
-@pytest.mark.parametrize("coding", ["br", "deflate", "compress", "identity-ish", "gzip, zstd"])
-def test_unknown_content_encoding_is_415_with_accept_encoding(service, coding):
-    resp = post_upload(service.url, [trace("t-1")], coding=coding)
-    assert resp.status_code == 415, resp.text
-    assert resp.headers.get("Accept-Encoding") == ACCEPT_ENCODING
-    assert "error" in resp.json()
-    assert_nothing_stored(service)

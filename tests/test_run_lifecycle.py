@@ -1,0 +1,374 @@
+"""``Run`` lifecycle, errors, asyncio and fork, end to end over real HTTP to the local service."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from _fork import in_child
+
+import prime_runs
+from prime_runs import Run
+from prime_traces.server import LocalTracesService
+
+from _run_helpers import (  # noqa: F401  (fixtures are used by name)
+    REPO,
+    KEY,
+    GATE_TIMEOUT_S,
+    FLUSH_TIMEOUT_S,
+    MARKER,
+    ENV_NAMES,
+    isolated,
+    Gate,
+    gate,
+    online,
+    get_run,
+    list_runs,
+    episodes,
+    stored_episodes,
+    identity_holds,
+    sink_counts,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# -- lifecycle -------------------------------------------------------------------------
+
+
+def test_log_and_update_config_reach_the_run_at_finish(service):
+    run = online(service, config={"lr": 1, "seed": 0})
+    run.log({"loss": 1.0, "acc": 0.1}, step=1)
+    run.log({"loss": 0.5}, step=2)
+    run.update_config({"lr": 2})
+    run.update_config({"batch": 8})
+    run.finish({"final": True}, timeout_s=FLUSH_TIMEOUT_S)
+    remote = get_run(service, run.id)
+    assert remote["summary"] == {"loss": 0.5, "acc": 0.1, "step": 2, "final": True}
+    assert remote["config"] == {"lr": 2, "seed": 0, "batch": 8}
+    assert remote["status"] == "completed"
+    assert remote["error"] is None and remote["finished_at"] is not None
+    assert run.status == "completed"
+
+
+def test_fail_records_failed_with_the_error(service):
+    run = online(service)
+    run.fail(ValueError("reward model diverged"), timeout_s=FLUSH_TIMEOUT_S)
+    remote = get_run(service, run.id)
+    assert remote["status"] == "failed"
+    assert "reward model diverged" in remote["error"]
+    assert run.status == "failed"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "error"),
+    [(None, "completed", None), (RuntimeError("bad step"), "failed", "RuntimeError: bad step"),
+     (KeyboardInterrupt(), "cancelled", "KeyboardInterrupt")],
+    ids=["clean", "exception", "keyboard-interrupt"],
+)  # fmt: skip
+def test_the_context_manager_finishes_by_how_the_block_ended(service, exc, status, error):
+    run = online(service)
+    expected = pytest.raises(type(exc)) if exc is not None else contextlib.nullcontext()
+    with expected, run:
+        run.log_episodes(episodes("e", 2))
+        if exc is not None:
+            raise exc
+    remote = get_run(service, run.id)
+    assert (remote["status"], remote["error"]) == (status, error)
+    assert remote["episode_count"] == 2
+    assert run.status == status
+    assert identity_holds(run)
+
+
+
+
+@pytest.mark.parametrize(("code", "status"), [(0, "completed"),
+                                              (None, "completed"), (3, "failed")])  # fmt: skip
+def test_sys_exit_in_the_context_manager_finishes_by_its_code(service, code, status):
+    run = online(service)
+    with pytest.raises(SystemExit), run:
+        sys.exit(code)
+    assert get_run(service, run.id)["status"] == status
+
+
+def test_the_blocks_exception_is_not_replaced_by_a_sink_error(service):
+    service.faults.reject_marker = MARKER
+    run = online(service, on_error="raise")
+    with pytest.raises(RuntimeError, match="training blew up"), run:
+        run.log_episodes(episodes("e", 2, poisoned=(0,)))
+        raise RuntimeError("training blew up")
+    assert get_run(service, run.id)["status"] == "failed"
+    assert identity_holds(run)
+
+
+def test_finish_twice_is_a_no_op(service, caplog):
+    run = online(service)
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    finished_at = get_run(service, run.id)["finished_at"]
+    requests_before = service.stats()["requests"]
+    with caplog.at_level(logging.WARNING, logger="prime_runs"):
+        run.finish(status="failed", error="late", timeout_s=FLUSH_TIMEOUT_S)
+        run.fail("later")
+    assert service.stats()["requests"] == requests_before  # nothing sent
+    assert run.status == "completed"
+    remote = get_run(service, run.id)
+    assert (remote["status"], remote["error"], remote["finished_at"]) == ("completed", None, finished_at)
+    assert caplog.records == []
+    assert run.log_episodes(episodes("late", 2)) is False  # refused after finish, never raised
+    assert run.stats()["dropped"] == {"closed": 2}
+    assert identity_holds(run)
+
+
+def test_a_second_run_in_the_same_process_is_a_new_run(service):
+    first = online(service, "sweep-1", config={"lr": 1})
+    first.finish(timeout_s=FLUSH_TIMEOUT_S)
+    second = online(service, "sweep-2", config={"lr": 2})
+    assert second.log_episodes(episodes("e", 2))
+    second.finish(status="failed", error="diverged", timeout_s=FLUSH_TIMEOUT_S)
+    assert second.id != first.id
+    assert sorted(list_runs(service)) == sorted([first.id, second.id])
+    remote = get_run(service, second.id)
+    assert (remote["name"], remote["config"], remote["status"]) == ("sweep-2", {"lr": 2}, "failed")
+    assert get_run(service, first.id)["episode_count"] == 0
+
+
+def test_finish_from_two_threads_records_one_status(service, gate, caplog):
+    run = online(service)
+    assert run.log_episodes(episodes("e", 5))
+    assert gate.entered.wait(GATE_TIMEOUT_S)  # the first finish will wait in flush
+    barrier = threading.Barrier(2, timeout=GATE_TIMEOUT_S)
+    errors: list[BaseException] = []
+
+    def finish(status: str) -> None:
+        barrier.wait()
+        try:
+            run.finish(status=status, timeout_s=GATE_TIMEOUT_S)
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=finish, args=(s,)) for s in ("completed", "failed")]
+    with caplog.at_level(logging.WARNING, logger="prime_runs"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(0.3)
+        # Neither returns while the first is still flushing: the second waits for it.
+        assert all(t.is_alive() for t in threads)
+        gate.open()
+        for t in threads:
+            t.join(GATE_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    remote = get_run(service, run.id)
+    assert remote["status"] == run.status
+    assert run.status in ("completed", "failed")
+    assert [r.getMessage() for r in caplog.records] == []  # no second status sent (it would be a 409)
+    assert remote["episode_count"] == 5
+    assert identity_holds(run)
+
+
+def _wait_for_summary(svc: LocalTracesService, run_id: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """The run's summary on the service once it is not empty, or ``{}`` after ``timeout_s``.
+
+    The updates are sent by a timer, so this waits on the service (bounded), not on a thread.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while True:
+        summary = get_run(svc, run_id)["summary"]
+        if summary or time.monotonic() > deadline:
+            return summary
+        pause.wait(0.02)
+
+
+@pytest.fixture
+def quick_updates(monkeypatch) -> None:
+    monkeypatch.setattr("prime_runs._init.UPDATE_INTERVAL_S", 0.05)
+
+
+def test_metrics_are_sent_on_a_timer_while_the_run_goes_on(service, quick_updates):
+    run = online(service)
+    assert run.log_episodes(episodes("e", 1))
+    run.log({"loss": 0.25}, step=7)
+    assert _wait_for_summary(service, run.id) == {"loss": 0.25, "step": 7}
+    assert get_run(service, run.id)["status"] == "running"
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    assert identity_holds(run)
+
+
+def test_metrics_are_sent_on_a_timer_even_before_any_episode(service, quick_updates):
+    run = online(service)
+    try:
+        run.log({"loss": 0.25}, step=7)
+        assert _wait_for_summary(service, run.id) == {"loss": 0.25, "step": 7}
+    finally:
+        run.finish(timeout_s=FLUSH_TIMEOUT_S)
+
+
+def test_many_threads_logging_at_once_lose_nothing(service):
+    run = online(service)
+    barrier = threading.Barrier(4, timeout=GATE_TIMEOUT_S)
+
+    def log(worker: int) -> None:
+        barrier.wait()
+        for step in range(10):
+            assert run.log_episodes(episodes(f"w{worker}-s{step}-", 3))
+
+    threads = [threading.Thread(target=log, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(GATE_TIMEOUT_S)
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    stored = stored_episodes(service)
+    assert len(stored) == 120 and set(stored.values()) == {1}
+    assert run.stats()["submitted"] == 120
+    assert sink_counts(run)["stored"] == 120
+    assert identity_holds(run)
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+def test_on_error_raise_raises_the_first_failure_from_flush_and_finish(service):
+    service.faults.reject_marker = MARKER
+    run = online(service, on_error="raise")
+    assert run.log_episodes(episodes("a", 3, poisoned=(1,)))
+    with pytest.raises(prime_runs.SinkError) as caught:
+        run.flush(FLUSH_TIMEOUT_S)
+    assert caught.value.sink == "traces"
+    assert caught.value.failures == {"rejected:invalid_trace": 1}
+    assert run.flush(FLUSH_TIMEOUT_S) is True  # raised once
+    assert run.log_episodes(episodes("b", 2, poisoned=(0,)))
+    with pytest.raises(prime_runs.SinkError):
+        run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    remote = get_run(service, run.id)
+    assert remote["status"] == "completed"  # recorded before raising
+    assert remote["episode_count"] == 3
+    assert identity_holds(run)
+
+
+def test_on_error_warn_logs_once(service, caplog):
+    service.faults.reject_marker = MARKER
+    run = online(service)
+    with caplog.at_level(logging.WARNING, logger="prime_runs"):
+        for i in range(3):
+            assert run.log_episodes(episodes(f"w{i}-", 2, poisoned=(0,)))
+            assert run.flush(FLUSH_TIMEOUT_S) is True  # never raises
+        run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    from_run = [r for r in caplog.records if r.name == "prime_runs.run"]
+    assert len(from_run) == 1, [r.getMessage() for r in from_run]
+    assert "rejected:invalid_trace" in from_run[0].getMessage()
+    assert run.failed_records == {"traces": 3}
+    assert identity_holds(run)
+
+
+@pytest.mark.parametrize("bad", [{"on_error": "ignore"}, {"max_queued_records": 0}, {"max_queued_bytes": 0}],
+                         ids=["on_error", "max_queued_records", "max_queued_bytes"])  # fmt: skip
+def test_bad_options_are_refused_before_the_run_is_created(service, bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        online(service, **bad)
+    assert list_runs(service) == []  # no run left "running" on the service for ever
+    assert "PRIME_RUN_ID" not in os.environ
+
+
+# -- asyncio ---------------------------------------------------------------------------
+
+
+async def _probe(ticks: list[float], stop: asyncio.Event, enough: asyncio.Event) -> None:
+    while not stop.is_set():
+        ticks.append(time.monotonic())
+        if len(ticks) >= 20:
+            enough.set()
+        await asyncio.sleep(0.005)
+
+
+def _worst_gap(ticks: list[float]) -> float:
+    return max((b - a for a, b in itertools.pairwise(ticks)), default=0.0)
+
+
+def test_aflush_and_afinish_do_not_block_the_loop_and_survive_cancellation(service, gate):
+    run = online(service)
+
+    async def main() -> None:
+        # aflush while the service holds the upload: the loop keeps running.
+        assert run.log_episodes(episodes("a", 5))
+        ticks: list[float] = []
+        stop, enough = asyncio.Event(), asyncio.Event()
+        probe = asyncio.create_task(_probe(ticks, stop, enough))
+        waiter = asyncio.create_task(run.aflush(GATE_TIMEOUT_S))
+        await asyncio.wait_for(enough.wait(), GATE_TIMEOUT_S)
+        assert gate.entered.is_set() and not waiter.done()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        # afinish likewise, and cancelling it abandons nothing.
+        assert run.log_episodes(episodes("b", 5))
+        ticks.clear()
+        enough.clear()
+        finisher = asyncio.create_task(run.afinish(timeout_s=GATE_TIMEOUT_S))
+        await asyncio.wait_for(enough.wait(), GATE_TIMEOUT_S)
+        assert not finisher.done()
+        finisher.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await finisher
+        stop.set()
+        await probe
+        assert _worst_gap(ticks) < 0.5
+
+    asyncio.run(main())
+    gate.open()
+    assert run.flush(GATE_TIMEOUT_S)
+    assert run._finished.wait(GATE_TIMEOUT_S)  # the cancelled afinish went on in its thread
+    assert sorted(stored_episodes(service)) == sorted([*(f"a{i}" for i in range(5)), *(f"b{i}" for i in range(5))])
+    assert get_run(service, run.id)["status"] == "completed"
+    assert identity_holds(run)
+
+
+# -- fork ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_logs_its_own_records_and_never_finishes_the_run(service):
+    hold = Gate(hold_first_only=True)
+    service.faults.before_upload = hold
+    try:
+        run = online(service)
+        assert run.log_episodes(episodes("p", 5))  # in the service, held
+        assert hold.entered.wait(GATE_TIMEOUT_S)
+        assert run.log_episodes(episodes("q", 5))  # in the parent's queue
+        result = in_child(lambda: _child_body(run))
+        assert result == {"submitted": 5, "stored": 5, "failed": {}, "owner": False, "run_id": run.id}
+        # The child's own records landed; the parent's held and queued ones are not there yet.
+        assert sorted(stored_episodes(service)) == [f"c{i}" for i in range(5)]
+        assert get_run(service, run.id)["status"] == "running"
+    finally:
+        hold.open()
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    stored = stored_episodes(service)
+    assert sorted(stored) == sorted(f"{p}{i}" for p in "pqc" for i in range(5))
+    assert set(stored.values()) == {1}  # nothing uploaded twice
+    remote = get_run(service, run.id)
+    assert remote["status"] == "completed"
+    assert sink_counts(run)["stored"] == 10
+    assert identity_holds(run)
+
+
+def _child_body(run: Run, flush_timeout_s: float = GATE_TIMEOUT_S) -> dict[str, Any]:
+    assert run.log_episodes(episodes("c", 5))
+    assert run.flush(flush_timeout_s), "the child's records were not uploaded in time"
+    run.finish(timeout_s=GATE_TIMEOUT_S)  # flushes; must not finish the parent's run
+    stats = run.stats()
+    return {
+        "submitted": stats["submitted"],
+        "stored": stats["sinks"]["traces"]["stored"],
+        "failed": stats["sinks"]["traces"]["failed"],
+        "owner": run._owner,
+        "run_id": os.environ.get("PRIME_RUN_ID"),
+    }
