@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from prime_runs._encoding import INVALID_RECORD, EncodedWrite, RunStamp
+from prime_runs._encoding import EncodedWrite, RunStamp
 from prime_runs._queue import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
 
@@ -78,7 +78,7 @@ class OfflineSink:
     ) -> SinkStatus:
         """Append ``records`` as JSONL, fsync, and report them into ``ledger``."""
         path = self.path_for(line_format)
-        encoded = _Lines(records, line_format, self.stamp, self.meter, ledger)
+        encoded = EncodedWrite(records, line_format, self.stamp, self.meter, ledger)
         written = size = 0
         start: int | None = None
         try:
@@ -100,7 +100,7 @@ class OfflineSink:
             if start is not None:
                 _truncate(path, start)
             # None of this write is known to be on disk; the invalid records are already counted.
-            lost = len(records) - encoded.invalid
+            lost = len(records) - len(encoded.errors)
             ledger.failed(lost, DISK_ERROR)
             logger.warning("offline sink: %d records not written to %s: %s", lost, path, err)
             return SinkStatus.TRANSIENT
@@ -109,44 +109,6 @@ class OfflineSink:
 
     def close(self) -> None:
         """Nothing to release: each write opens and closes its file."""
-
-
-class _Lines:
-    """The lines of a write, as :class:`EncodedWrite` gives them, going on past a record that raises.
-
-    ``EncodedWrite`` skips records that fail to encode with ``TypeError`` or
-    ``ValueError``. Anything else a record's own ``to_record()`` raises would
-    end the write, so here the record fails as ``invalid_record`` and encoding
-    resumes after it. ``invalid`` counts the records failed either way.
-    """
-
-    def __init__(self, records: Sequence[Any], line_format: str, stamp: RunStamp | None,
-                 meter: SizeMeter | None, ledger: Ledger) -> None:  # fmt: skip
-        self.records = records
-        self.args = (line_format, stamp, meter, ledger)
-        self.ledger = ledger
-        self._invalid_before = 0
-        self._current: EncodedWrite | None = None
-
-    @property
-    def invalid(self) -> int:
-        return self._invalid_before + (len(self._current.errors) if self._current is not None else 0)
-
-    def __iter__(self) -> Iterator[bytes]:
-        start = 0
-        while start < len(self.records):
-            encoded = self._current = EncodedWrite(self.records[start:] if start else self.records, *self.args)
-            try:
-                yield from encoded
-                return
-            except Exception as err:
-                # Records are pulled in order: the one after the last pulled raised.
-                pulled = max([*encoded.line_records, *(i for i, _ in encoded.errors)], default=-1) + 1
-                self.ledger.failed(1, INVALID_RECORD)
-                self._invalid_before += len(encoded.errors) + 1
-                self._current = None
-                logger.debug("record %d not logged: %r", start + pulled, err)
-                start += pulled + 1
 
 
 def _truncate(path: str, size: int) -> None:

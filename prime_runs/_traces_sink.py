@@ -43,10 +43,10 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from prime_runs._encoding import INVALID_RECORD, EncodedWrite, RunStamp
+from prime_runs._encoding import EncodedWrite, RunStamp
 from prime_runs._queue import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
@@ -219,7 +219,6 @@ class _SinkWrite:
         self.first_pass = False
         encoded = EncodedWrite(subset, self.line_format, self.sink.stamp, meter, self.ledger)
         announced: set[int] = set()
-        culprit: list[BaseException] = []
 
         def on_batch(batch: Any, _receipt: Any) -> None:
             announced.add(batch.index)
@@ -227,7 +226,7 @@ class _SinkWrite:
 
         try:
             self.sink.client.upload_lines(
-                _guarded(encoded, culprit),
+                encoded,
                 line_format=self.line_format,
                 context=self.sink.context,
                 target_batch_bytes=self.sink.target_batch_bytes,
@@ -236,20 +235,17 @@ class _SinkWrite:
                 cancel=self.cancel,
             )
         except UploadError as err:
-            self._settle(group, encoded, err.report, announced, culprit)
+            self._settle(group, encoded, err.report, announced)
             return
         except Exception as err:
-            if not culprit:
-                # Not a record's fault and not an upload's (a closed client, a
-                # bug): nothing more of this write can be sent.
-                logger.warning("traces sink: write failed: %r", err, exc_info=True)
-                reason = f"{SINK_ERROR}:{type(err).__name__}"  # as the worker names a sink's crash
-                left = len(group) - len(encoded.errors) + sum(map(len, self.groups))
-                self._fail(left, reason, repr(err))
-                self.groups.clear()
-                self._strike(reason)
-                return
-            self._settle(group, encoded, UploadReport(), announced, culprit)
+            # Not a record's fault (EncodedWrite absorbs those) and not an
+            # upload's (a closed client, a bug): nothing more of this write can be sent.
+            logger.warning("traces sink: write failed: %r", err, exc_info=True)
+            reason = f"{SINK_ERROR}:{type(err).__name__}"  # as the worker names a sink's crash
+            left = len(group) - len(encoded.errors) + sum(map(len, self.groups))
+            self._fail(left, reason, repr(err))
+            self.groups.clear()
+            self._strike(reason)
             return
         # Returned normally: every produced line was announced, except lines
         # abandoned at a cancel that came after the input ran out; those stay
@@ -257,7 +253,7 @@ class _SinkWrite:
         self.transient_in_row = 0
 
     def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport,
-                announced: set[int], culprit: list[BaseException]) -> None:  # fmt: skip
+                announced: set[int]) -> None:  # fmt: skip
         """Account for one failed upload call; queue what must be sent again."""
         positions = encoded.line_records  # produced line j -> position in group
         cancelled = self.cancel.is_set()
@@ -294,12 +290,6 @@ class _SinkWrite:
             else:
                 half = len(batch) // 2
                 splits += [batch[:half], batch[half:]]
-        if culprit:
-            # Records are pulled in order: the one after the last pulled raised.
-            pulled = max([*positions, *(index for index, _ in encoded.errors)], default=-1) + 1
-            if pulled < len(group):
-                accounted.add(pulled)
-                self._fail(1, INVALID_RECORD, repr(culprit[0]))
         resend += [p for p in range(len(group)) if p not in accounted]
         resend.sort()
 
@@ -318,7 +308,7 @@ class _SinkWrite:
             self.transient_in_row += 1
         if cancelled:
             return
-        if resend and not (report.batches or culprit):
+        if resend and not report.batches:
             # No batch went out and no record is to blame: resending would loop.
             self._fail(len(resend), SINK_ERROR, "upload stopped before sending anything")
             self._strike(SINK_ERROR)
@@ -328,20 +318,6 @@ class _SinkWrite:
         if resend:
             follow.append([group[p] for p in resend])
         self.groups.extendleft(reversed(follow))
-
-
-def _guarded(encoded: EncodedWrite, culprit: list[BaseException]) -> Iterator[bytes]:
-    """``encoded``'s lines; an exception raised by a record (its own code) is noted in ``culprit``."""
-    lines = iter(encoded)
-    while True:
-        try:
-            line = next(lines)
-        except StopIteration:
-            return
-        except Exception as err:
-            culprit.append(err)
-            raise
-        yield line
 
 
 def _kind(outcome: BatchOutcome) -> str:
