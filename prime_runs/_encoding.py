@@ -19,7 +19,8 @@ import orjson
 from prime_runs._queue import SizeMeter
 from prime_runs._sink import Ledger
 from prime_traces import MAX_LINE_BYTES
-from prime_traces._encode import encode_record
+from prime_traces._batching import LineParts, line_size
+from prime_traces._encode import encode_record_parts
 
 logger = logging.getLogger(__name__)
 
@@ -111,25 +112,26 @@ class EncodedWrite:
         self.line_records: list[int] = []
         self.errors: list[tuple[int, str]] = []
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[bytes | LineParts]:
         for index, record in enumerate(self.records):
             try:
                 mapping = as_mapping(record, index)
                 if self.stamp is not None:
                     mapping = self.stamp.apply(mapping, self.line_format)
-                line = encode_record(mapping, index)
+                line = encode_record_parts(mapping, index)
             except Exception as err:  # noqa: BLE001  (a user's to_record() may raise anything)
                 message = str(err) if isinstance(err, (TypeError, ValueError)) else (
                     f"record {index}: {type(err).__name__}: {err}"
                 )
                 self._invalid(index, INVALID_RECORD, message)
                 continue
-            if len(line) > MAX_LINE_BYTES:
+            size = line_size(line)
+            if size > MAX_LINE_BYTES:
                 self._invalid(index, RECORD_TOO_LARGE,
-                              f"record {index} is {len(line)} bytes encoded, over {MAX_LINE_BYTES}")  # fmt: skip
+                              f"record {index} is {size} bytes encoded, over {MAX_LINE_BYTES}")  # fmt: skip
                 continue
             if self.meter is not None:
-                self.meter.observe(len(line) + 1)
+                self.meter.observe(size + 1)
             self.line_records.append(index)
             yield line
 

@@ -17,7 +17,11 @@ from prime_runs._lifecycle import (
     rank_info,
     resolve_mode,
 )
-from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, SizeMeter
+from prime_runs._queue import (
+    DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_QUEUED_RECORDS,
+    SizeMeter,
+)
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run

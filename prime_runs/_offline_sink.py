@@ -28,6 +28,7 @@ from typing import Any
 from prime_runs._encoding import EncodedWrite, RunStamp
 from prime_runs._queue import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
+from prime_traces._batching import LineParts, line_size
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,10 @@ class OfflineSink:
             with open(path, "ab", buffering=_WRITE_BUFFER_BYTES) as handle:
                 start = handle.tell()
                 for line in encoded:
-                    handle.write(line)
+                    handle.writelines(line) if isinstance(line, LineParts) else handle.write(line)
                     handle.write(b"\n")
                     written += 1
-                    size += len(line) + 1
+                    size += line_size(line) + 1
                     if cancel.is_set():
                         break  # keep what is written: it is fsync'd below and counted stored
                 handle.flush()

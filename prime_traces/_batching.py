@@ -25,7 +25,29 @@ MAX_BATCH_LINES = 1_000_000
 _LF = b"\n"
 _READ_BUFFER_BYTES = 1024**2
 
-LineLike = Union[bytes, bytearray, memoryview, str]
+
+
+class LineParts(tuple):
+    """One line given as consecutive pieces of bytes, never joined on their own.
+
+    The encoder hands a large record over this way, so its JSON is copied only
+    once, into the batch body. The pieces hold no newline (the encoder
+    guarantees it); ``size`` is the line's length.
+    """
+
+    __slots__ = ()
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self))
+
+
+LineLike = Union[bytes, bytearray, memoryview, str, LineParts]
+
+
+def line_size(line: bytes | LineParts) -> int:
+    """The length of a line, given whole or in parts."""
+    return line.size if isinstance(line, LineParts) else len(line)
 
 
 class Batch:
@@ -154,13 +176,15 @@ class Batcher:
         self._line_indexes: list[int] = []
         self._size = 0
 
-    def add(self, line: bytes, input_index: int) -> Batch | None:
+    def add(self, line: bytes | LineParts, input_index: int) -> Batch | None:
         """Add one line; return the batch it closed, if any.
 
         ``line`` is one JSONL record; one trailing ``\\n`` is allowed, any other
         ``\\n`` is refused with :class:`ValueError`. Whitespace-only lines are
         skipped. The returned batch never contains ``line`` itself.
         """
+        if isinstance(line, LineParts):
+            return self._add_parts(line, input_index)
         # isspace() is False for b"" and stops at the first non-space byte, so
         # blank detection costs nothing on real records (strip() would copy).
         if not line or line.isspace():
@@ -175,12 +199,7 @@ class Batcher:
                 "pass one JSON record per line (json.dumps never emits one)"
             )
         line_size = content_size + 1
-        closed = None
-        if self._line_indexes and (
-            self._size + line_size > self.target_batch_bytes
-            or len(self._line_indexes) >= self.max_batch_lines
-        ):
-            closed = self._take()
+        closed = self._close_before(line_size)
         # The newline goes in as its own part so no line is ever copied here;
         # Batch.body joins everything once.
         self._parts.append(line)
@@ -189,6 +208,25 @@ class Batcher:
         self._line_indexes.append(input_index)
         self._size += line_size
         return closed
+
+    def _add_parts(self, line: LineParts, input_index: int) -> Batch | None:
+        content_size = line.size
+        if content_size > MAX_LINE_BYTES:
+            raise TraceTooLargeError(input_index, content_size, MAX_LINE_BYTES)
+        closed = self._close_before(content_size + 1)
+        self._parts.extend(line)
+        self._parts.append(_LF)
+        self._line_indexes.append(input_index)
+        self._size += content_size + 1
+        return closed
+
+    def _close_before(self, line_size: int) -> Batch | None:
+        if self._line_indexes and (
+            self._size + line_size > self.target_batch_bytes
+            or len(self._line_indexes) >= self.max_batch_lines
+        ):
+            return self._take()
+        return None
 
     def close(self) -> Batch | None:
         """Return the last, partly filled batch, or ``None`` when it is empty."""
@@ -203,8 +241,8 @@ class Batcher:
         return batch
 
 
-def _as_bytes(line: LineLike, input_index: int) -> bytes:
-    if isinstance(line, bytes):
+def _as_bytes(line: LineLike, input_index: int) -> bytes | LineParts:
+    if isinstance(line, (bytes, LineParts)):
         return line
     if isinstance(line, str):
         return line.encode("utf-8")

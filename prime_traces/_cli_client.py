@@ -18,7 +18,12 @@ from typing import Any
 
 import orjson
 
-from prime_traces._config import ENV_API_KEY, ENV_TEAM_ID, ENV_TRACES_URL, resolve_config
+from prime_traces._config import (
+    ENV_API_KEY,
+    ENV_TEAM_ID,
+    ENV_TRACES_URL,
+    resolve_config,
+)
 from prime_traces._models import TraceSummary
 from prime_traces._read_api import ReadAPI
 from prime_traces._transport import Transport

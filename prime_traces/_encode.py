@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from prime_traces._batching import LineParts
+
 CHUNK_THRESHOLD_BYTES = 1_000_000  # estimated output size above which a record is chunked
 PIECE_BYTES = 128 * 1024
 YIELD_INTERVAL_S = 0.001
@@ -166,10 +168,9 @@ class _Chunker:
             time.sleep(0)  # releases the GIL, so a thread waiting for it can take it
             self.since = time.perf_counter()
 
-    def result(self) -> bytes:
+    def parts(self) -> LineParts:
         self.segments.append(self.out.getvalue())
-        # A join of bytes objects over 1 MiB copies with the GIL released.
-        return self.segments[0] if len(self.segments) == 1 else b"".join(self.segments)
+        return LineParts(self.segments)
 
     def value(self, value: object, depth: int) -> None:
         if depth > _MAX_DEPTH:
@@ -314,6 +315,16 @@ class RecordEncoder:
         Raises ``ValueError`` for NaN or ±Infinity and ``TypeError`` for a value
         JSON cannot hold; both messages start with ``record {index}:``.
         """
+        line = self.encode_parts(record, index)
+        # A join of bytes objects over 1 MiB copies with the GIL released.
+        return b"".join(line) if isinstance(line, LineParts) else line
+
+    def encode_parts(self, record: object, index: int) -> bytes | LineParts:
+        """As :meth:`encode`, but a chunked record comes back as its pieces, unjoined.
+
+        The batcher copies the pieces straight into the batch body, so a large
+        record's JSON is written to memory once less.
+        """
         if not isinstance(record, dict):
             if callable(getattr(record, "to_json", None)):
                 return _from_to_json(record, index)
@@ -332,7 +343,7 @@ class RecordEncoder:
                 return orjson.dumps(record, default=_default, option=_OPTIONS)
             chunker = _Chunker(self.piece_bytes, self.yield_interval_s)
             chunker.value(record, 0)
-            return chunker.result()
+            return chunker.parts()
         except _NonFinite as err:
             raise ValueError(f"record {index}: {err.args[0]!r} is not JSON (NaN and Infinity are refused)") from None
         except orjson.JSONEncodeError as err:
@@ -348,3 +359,8 @@ _default_encoder = RecordEncoder()
 def encode_record(record: object, index: int) -> bytes:
     """``RecordEncoder().encode(record, index)``: ``index`` names the record in errors."""
     return _default_encoder.encode(record, index)
+
+
+def encode_record_parts(record: object, index: int) -> bytes | LineParts:
+    """``RecordEncoder().encode_parts(record, index)``: for the batcher, unjoined."""
+    return _default_encoder.encode_parts(record, index)

@@ -37,7 +37,11 @@ from prime_traces._models import (
     TraceSummary,
     _Model,
 )
-from prime_traces._retry import DEFAULT_GET_ATTEMPTS, get_retrying, wait_retry_after_or_backoff
+from prime_traces._retry import (
+    DEFAULT_GET_ATTEMPTS,
+    get_retrying,
+    wait_retry_after_or_backoff,
+)
 from prime_traces._transport import Transport
 from prime_traces.errors import (
     SERVICE_REFUSAL_CODES,

@@ -18,7 +18,12 @@ from typing import Any
 import orjson
 import requests
 
-from prime_traces._config import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, ClientConfig, default_headers
+from prime_traces._config import (
+    CONNECT_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    ClientConfig,
+    default_headers,
+)
 from prime_traces._retry import parse_retry_after
 from prime_traces.errors import (
     APIError,

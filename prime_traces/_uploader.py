@@ -23,8 +23,18 @@ from typing import Any
 
 import orjson
 
-from prime_traces._batching import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, Batch, iter_batches
-from prime_traces._compress import ZSTD, CodingSelector, compress, content_encoding_header
+from prime_traces._batching import (
+    DEFAULT_TARGET_BATCH_BYTES,
+    MAX_BATCH_BYTES,
+    Batch,
+    iter_batches,
+)
+from prime_traces._compress import (
+    ZSTD,
+    CodingSelector,
+    compress,
+    content_encoding_header,
+)
 from prime_traces._models import UploadReceipt
 from prime_traces._pool import DaemonPool
 from prime_traces._report import BatchOutcome, BatchStatus, UploadReport

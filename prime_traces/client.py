@@ -9,16 +9,26 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prime_traces._batching import DEFAULT_TARGET_BATCH_BYTES, iter_file_lines
+from prime_traces._batching import (
+    DEFAULT_TARGET_BATCH_BYTES,
+    LineParts,
+    iter_file_lines,
+)
 from prime_traces._compress import DEFAULT_ZSTD_LEVEL, CodingSelector
 from prime_traces._config import READ_TIMEOUT_S, resolve_config
-from prime_traces._encode import encode_record
+from prime_traces._encode import encode_record_parts
 from prime_traces._models import UploadReceipt
 from prime_traces._pool import DaemonPool
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
 from prime_traces._transport import Transport
-from prime_traces._uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Sender, Upload, UploadSettings
+from prime_traces._uploader import (
+    DEFAULT_ABANDON_AFTER_S,
+    OnBatch,
+    Sender,
+    Upload,
+    UploadSettings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +176,6 @@ class TracesClient(ReadAPI):
         self.close()
 
 
-def _encoded(records: Iterable[Any]) -> Iterator[bytes]:
+def _encoded(records: Iterable[Any]) -> Iterator[bytes | LineParts]:
     for index, record in enumerate(records):
-        yield encode_record(record, index)
+        yield encode_record_parts(record, index)

@@ -262,3 +262,23 @@ def test_batching_properties(lines, target, max_lines):
     for current, following in zip(batches, batches[1:]):
         if current.line_count < max_lines:
             assert current.size_bytes + len(following.lines[0]) > target
+
+
+def test_a_line_in_parts_batches_exactly_like_the_joined_line():
+    from prime_traces._batching import LineParts
+
+    lines = [b'{"id":"a","x":"' + b"y" * 500 + b'"}', b'{"id":"b"}', b'{"id":"c","z":[1,2,3]}']
+    parted = [LineParts((line[:7], line[7:20], line[20:])) for line in lines]
+    whole = [(b.key, b.line_indexes, b.size_bytes) for b in iter_batches(lines, target_batch_bytes=520)]
+    pieces = [(b.key, b.line_indexes, b.size_bytes) for b in iter_batches(parted, target_batch_bytes=520)]
+    assert pieces == whole
+    assert len(whole) == 2
+
+
+def test_a_line_in_parts_over_the_line_limit_is_refused(monkeypatch):
+    import prime_traces._batching as batching
+    from prime_traces._batching import LineParts
+
+    monkeypatch.setattr(batching, "MAX_LINE_BYTES", 10)
+    with pytest.raises(TraceTooLargeError, match="line 2"):
+        list(iter_batches([b'{"id":1}', LineParts((b'{"id":', b'"long-id"}'))]))

@@ -357,3 +357,17 @@ def test_settings_are_validated(kwargs):
 def test_docstring_example_holds():
     line = RecordEncoder().encode({"id": "t-1", "timing": {"start": 1.75e9}}, 0) + b"\n"
     assert line == b'{"id":"t-1","timing":{"start":1750000000.0}}\n'
+
+
+def test_encode_parts_joins_to_exactly_what_encode_returns():
+    from prime_traces._batching import LineParts
+    from prime_traces._encode import RecordEncoder
+
+    encoder = RecordEncoder(chunk_threshold_bytes=0, piece_bytes=64)
+    record = {"id": "r", "nodes": [{"message": {"content": "é" * 300, "n": i}} for i in range(40)]}
+    parts = encoder.encode_parts(record, 0)
+    assert isinstance(parts, LineParts) and len(parts) >= 1
+    assert b"".join(parts) == encoder.encode(record, 0) == orjson.dumps(record)
+    assert parts.size == len(orjson.dumps(record))
+    small = RecordEncoder().encode_parts({"id": "s"}, 0)
+    assert small == b'{"id":"s"}'

@@ -1,8 +1,10 @@
 """Measure what chunked record encoding costs and what it buys.
 
 For episodes of several sizes from ``tools/workload.py``, compares one
-``orjson.dumps`` call with ``prime_traces._encode.encode_record`` (chunked
-above ``CHUNK_THRESHOLD_BYTES``) on two counts, and prints a markdown table:
+``orjson.dumps`` call with ``prime_traces._encode.encode_record_parts`` (chunked
+above ``CHUNK_THRESHOLD_BYTES``; the pieces go to the batcher unjoined, as on
+the upload path, where either result is copied once into the batch body) on
+two counts, and prints a markdown table:
 
 - CPU per episode: thread CPU seconds, best of ``--repeat`` runs, the
   chunked/dumps ratio, and the minor page faults of one run (on a VM a fault
@@ -38,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workload import generate_episode  # noqa: E402
 
-from prime_traces._encode import encode_record  # noqa: E402
+from prime_traces._encode import encode_record, encode_record_parts  # noqa: E402
 
 _PROBE_INTERVAL_S = 0.001
 _NOW = 1_750_000_000.0
@@ -124,9 +126,9 @@ def main() -> int:
         assert encode_record(episode, 0) == whole, "chunked encoding differs from one orjson.dumps"
         del whole
         dumps_cpu, dumps_faults = _cpu_s(lambda: orjson.dumps(episode), args.repeat)
-        chunked_cpu, chunked_faults = _cpu_s(lambda: encode_record(episode, 0), args.repeat)
+        chunked_cpu, chunked_faults = _cpu_s(lambda: encode_record_parts(episode, 0), args.repeat)
         gaps_dumps = _gaps_ms(lambda: orjson.dumps(episode), args.repeat)
-        gaps_chunked = _gaps_ms(lambda: encode_record(episode, 0), args.repeat)
+        gaps_chunked = _gaps_ms(lambda: encode_record_parts(episode, 0), args.repeat)
         cpu = f"{dumps_cpu * 1e3:.1f} | {chunked_cpu * 1e3:.1f} | {chunked_cpu / dumps_cpu:.2f}"
         faults, gaps = f"{dumps_faults:,} / {chunked_faults:,}", f"{_show(gaps_dumps)} | {_show(gaps_chunked)}"
         print(f"| {size / 1e6:g} MB | {encoded_bytes:,} | {cpu} | {faults} | {gaps} |")

@@ -12,7 +12,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from prime_traces.server._faults import DEFAULT_MAX_UPLOADS_IN_FLIGHT, Faults, InFlightLimiter, Stats
+from prime_traces.server._faults import (
+    DEFAULT_MAX_UPLOADS_IN_FLIGHT,
+    Faults,
+    InFlightLimiter,
+    Stats,
+)
 from prime_traces.server._http import Route, TracesHTTPServer
 from prime_traces.server._store import Store
 

@@ -18,7 +18,14 @@ import orjson
 
 from prime_traces.errors import ErrorCode
 from prime_traces.server._decode import boundary_of, decode_part, parse_multipart
-from prime_traces.server._http import HTTPError, Request, Response, drop_connection, json_response, route
+from prime_traces.server._http import (
+    HTTPError,
+    Request,
+    Response,
+    drop_connection,
+    json_response,
+    route,
+)
 from prime_traces.server._ingest import UploadMeta, validate_full, validate_light
 from prime_traces.server._store import UploadRecord
 
