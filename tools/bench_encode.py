@@ -125,10 +125,10 @@ def main() -> int:
         encoded_bytes = len(whole)
         assert encode_record(episode, 0) == whole, "chunked encoding differs from one orjson.dumps"
         del whole
-        dumps_cpu, dumps_faults = _cpu_s(lambda: orjson.dumps(episode), args.repeat)
-        chunked_cpu, chunked_faults = _cpu_s(lambda: encode_record_parts(episode, 0), args.repeat)
-        gaps_dumps = _gaps_ms(lambda: orjson.dumps(episode), args.repeat)
-        gaps_chunked = _gaps_ms(lambda: encode_record_parts(episode, 0), args.repeat)
+        dumps_cpu, dumps_faults = _cpu_s(lambda ep=episode: orjson.dumps(ep), args.repeat)
+        chunked_cpu, chunked_faults = _cpu_s(lambda ep=episode: encode_record_parts(ep, 0), args.repeat)
+        gaps_dumps = _gaps_ms(lambda ep=episode: orjson.dumps(ep), args.repeat)
+        gaps_chunked = _gaps_ms(lambda ep=episode: encode_record_parts(ep, 0), args.repeat)
         cpu = f"{dumps_cpu * 1e3:.1f} | {chunked_cpu * 1e3:.1f} | {chunked_cpu / dumps_cpu:.2f}"
         faults, gaps = f"{dumps_faults:,} / {chunked_faults:,}", f"{_show(gaps_dumps)} | {_show(gaps_chunked)}"
         print(f"| {size / 1e6:g} MB | {encoded_bytes:,} | {cpu} | {faults} | {gaps} |")
