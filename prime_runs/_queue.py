@@ -45,7 +45,6 @@ class Write:
     records: Sequence[Any]
     line_format: str | None
     est_bytes: float
-    submitted_at: float = field(default_factory=time.monotonic)
 
     @property
     def count(self) -> int:

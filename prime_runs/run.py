@@ -80,7 +80,6 @@ class Run:
         self._finishing = False
         self._finished = threading.Event()
         self._first_error: SinkError | None = None
-        self._warned = False
         self._dirty: dict[str, bool] = {"config": False, "summary": False}
         self._hooks = ShutdownHooks(self._finish_from_hook, handle_signals=handle_signals, timeout_s=finish_timeout_s)
         if mode != "disabled":

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -289,11 +289,3 @@ class Upload:
         if isinstance(cause, BaseException):
             error.__cause__ = cause
         return error
-
-
-def iter_lines_checked(lines: Iterable[Any]) -> Iterator[Any]:
-    """``lines`` unchanged; a bare ``str``/``bytes`` is refused (it is one document, not lines)."""
-    if isinstance(lines, (str, bytes, bytearray)):
-        raise TypeError("lines must be an iterable of lines, not a single str or bytes")
-    return iter(lines)
-

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from prime_traces._version import __version__
+from prime_traces.server._faults import DEFAULT_SATURATED_RETRY_AFTER_S
 
 SERVE_API_KEY_ENV = "PRIME_TRACES_SERVE_API_KEY"
 DEFAULT_DB_PATH = "prime-traces.db"
@@ -41,8 +42,8 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--validate", choices=("full", "light"), default="full",
                    help="'light': digest, decoding and line counts only; needs --store none")  # fmt: skip
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted")
-    p.add_argument("--saturated-retry-after-s", type=float, default=1.0,
-                   help="Retry-After sent with 503 writer_pool_saturated (default: 1)")  # fmt: skip
+    p.add_argument("--saturated-retry-after-s", type=float, default=DEFAULT_SATURATED_RETRY_AFTER_S,
+                   help="Retry-After sent with 503 writer_pool_saturated (default: %(default)s)")  # fmt: skip
     f = p.add_argument_group("fault injection")
     f.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
     f.add_argument("--bandwidth-mb-s", type=float, default=None, help="cap on reading each body")

@@ -8,6 +8,7 @@ envelope ``{"error": {"code", "message", "line"?, "id"?}}``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -177,7 +178,7 @@ class RequestHandler(BaseHTTPRequestHandler):
                 state.stats.count_rejection(err.code)
         except _DropConnection:
             self.close_connection = True
-            with _suppress_socket_errors():
+            with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
             return
         except (ConnectionError, TimeoutError, socket.timeout) as err:
@@ -288,14 +289,6 @@ def drop_connection() -> None:
     raise _DropConnection()
 
 
-class _suppress_socket_errors:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)
-
-
 class TracesHTTPServer(ThreadingHTTPServer):
     """A threading server that can close every open connection on stop."""
 
@@ -308,6 +301,8 @@ class TracesHTTPServer(ThreadingHTTPServer):
         self._conn_lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._conn_threads: set[threading.Thread] = set()
+        # Per server, not per class: one process may serve IPv4 and IPv6 at once.
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, RequestHandler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -342,7 +337,7 @@ class TracesHTTPServer(ThreadingHTTPServer):
             connections = list(self._connections)
             threads = list(self._conn_threads)
         for conn in connections:
-            with _suppress_socket_errors():
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + timeout_s
         for thread in threads:

@@ -14,6 +14,7 @@ from typing import Any
 
 from prime_traces.server._faults import (
     DEFAULT_MAX_UPLOADS_IN_FLIGHT,
+    DEFAULT_SATURATED_RETRY_AFTER_S,
     Faults,
     InFlightLimiter,
     Stats,
@@ -44,14 +45,16 @@ class ServiceState:
     validate_mode: str = "full"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
-    saturated_retry_after_s: float = 1.0
+    saturated_retry_after_s: float = DEFAULT_SATURATED_RETRY_AFTER_S
     stopping: threading.Event = field(default_factory=threading.Event)
 
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names only this machine."""
-    if host in ("localhost", ""):
-        return host == "localhost"
+    if not host:  # every interface
+        return False
+    if host == "localhost":
+        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -95,7 +98,7 @@ class LocalTracesService:
         store: str = "sqlite",
         validate: str = "full",
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        saturated_retry_after_s: float = 1.0,
+        saturated_retry_after_s: float = DEFAULT_SATURATED_RETRY_AFTER_S,
         **faults: Any,
     ) -> None:
         if store not in STORE_MODES:
@@ -158,8 +161,6 @@ class LocalTracesService:
                 routes=all_routes(),
                 **self._options,
             )
-            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            TracesHTTPServer.address_family = family
             try:
                 server = TracesHTTPServer((self.host, self.port), self.state)
             except BaseException:
