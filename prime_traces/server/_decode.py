@@ -9,6 +9,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import zstandard
 
@@ -21,6 +22,7 @@ except ImportError:  # pragma: no cover  (exercised by the tests through inflate
     _inflate_module = zlib
 
 _ZSTD_STEP_BYTES = 1024
+_ZSTD_HEADER_MAX_BYTES = 18  # magic, descriptor, window, dictionary id, content size
 
 
 @dataclass
@@ -149,23 +151,51 @@ def _gunzip(data: memoryview, limit_bytes: int, inflate: ModuleType | None = Non
 
 
 def _unzstd(data: memoryview, limit_bytes: int) -> bytes:
-    # Fed in small slices: one zstd input byte can stand for ~32 KiB of output
-    # (RLE blocks), so a 1 KiB slice bounds each step's output to ~32 MiB.
-    out = bytearray()
-    pos, size = 0, len(data)
+    out: list[bytes] = []
+    total, pos, size = 0, 0, len(data)
     dctx = zstandard.ZstdDecompressor()
     try:
         while pos < size:
             frame = dctx.decompressobj()
-            while not frame.eof and pos < size:
-                step = data[pos : pos + _ZSTD_STEP_BYTES]
-                out += frame.decompress(step)
-                pos += len(step)
-                if len(out) > limit_bytes:
-                    raise _too_large(limit_bytes)
+            declared = zstandard.frame_content_size(data[pos : pos + _ZSTD_HEADER_MAX_BYTES])
+            if declared > limit_bytes - total:
+                raise _too_large(limit_bytes)  # refused from the header, before any output
+            if declared >= 0:
+                # zstd refuses a frame that decodes to more than its header declares,
+                # so decoding it in one call is bounded by the check above.
+                chunk = frame.decompress(data[pos:])
+                total += len(chunk)
+                out.append(chunk)
+                rest = len(frame.unused_data)
+            else:
+                total, rest = _unzstd_unsized(frame, data, pos, out, total, limit_bytes)
+            if total > limit_bytes:
+                raise _too_large(limit_bytes)
             if not frame.eof:
                 raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, "zstd stream is truncated")
-            pos -= len(frame.unused_data)
+            pos = size - rest
     except zstandard.ZstdError as err:
         raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"bad zstd data: {err}") from None
-    return bytes(out)
+    return out[0] if len(out) == 1 else b"".join(out)
+
+
+def _unzstd_unsized(frame: Any, data: memoryview, pos: int, out: list[bytes], total: int,
+                    limit_bytes: int) -> tuple[int, int]:  # fmt: skip
+    """Decode a frame whose header gives no size, in small input slices.
+
+    One zstd input byte can stand for ~32 KiB of output (RLE blocks), so a
+    1 KiB slice bounds each step's output to ~32 MiB. Returns the new total
+    and how many input bytes are left after the frame.
+    """
+    size = len(data)
+    rest = 0
+    while not frame.eof and pos < size:
+        step = data[pos : pos + _ZSTD_STEP_BYTES]
+        chunk = frame.decompress(step)
+        pos += len(step)
+        total += len(chunk)
+        out.append(chunk)
+        if total > limit_bytes:
+            raise _too_large(limit_bytes)
+        rest = len(frame.unused_data) + size - pos
+    return total, rest
