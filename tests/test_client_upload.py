@@ -116,8 +116,11 @@ def test_at_least_three_uploads_are_in_flight_at_once(tmp_path):
 
 
 def test_the_service_never_sees_more_than_max_in_flight(tmp_path):
-    with LocalTracesService(tmp_path / "db", latency_ms=30) as svc:
-        with client_for(svc, max_in_flight=2) as client:
+    # Uploads pass the gate in pairs, so two are open at once whatever the load on the
+    # machine; a third one sent early would be counted by the service.
+    gate = threading.Barrier(2)
+    with LocalTracesService(tmp_path / "db", latency_ms=30, before_upload=lambda: gate.wait(timeout=20)) as svc:
+        with client_for(svc, max_in_flight=2, compression="gzip") as client:
             client.upload_lines(lines_of(12, pad=900), target_batch_bytes=2_000)
         stats = svc.stats()
     assert stats["uploads"] == 12

@@ -12,10 +12,12 @@ CPU every other process on the machine used meanwhile (it shares the cores).
 Each row runs ``--repeat`` times, rows interleaved, each run after waiting
 (up to ``--quiet-wait-s``) for an idle second; the fastest run is shown.
 
-Rows: ours with gzip-1 at 1/2/4/8 in flight; gzip-9, zstd-1, zstd-3 and the
-defaults (``compression="auto"``) at 8; a diagnostic row, gzip-1 at 8 with every
-body compressed before the clock (what the service and the rest of the client
-allow when compression is free); the published ``prime-traces==0.0.10``
+Rows: ours with gzip-1 at 1/2/4/8 in flight; zstd-1 at 1 and 8; gzip-9,
+zstd-3 and the defaults (``compression="auto"``) at 8; diagnostic rows: gzip-1
+at 8 with every body compressed before the clock (what the service and the
+rest of the client allow when compression is free), and gzip-1 at 1 and 8
+with a service latency of ``SLOW_LATENCY_MS`` (a network slow enough that the
+two shared cores are no longer the limit); the published ``prime-traces==0.0.10``
 client, installed into its own virtualenv (cached under
 ``~/.cache/prime-traces-bench/venv-0.0.10``) and driven by a subprocess that
 reads the same lines from a JSONL file. Then the issue's target checks, and
@@ -53,6 +55,7 @@ from workload import encoded_lines, iter_episodes  # noqa: E402
 PUBLISHED_VERSION = "0.0.10"
 VENV_DIR = Path.home() / ".cache" / "prime-traces-bench" / f"venv-{PUBLISHED_VERSION}"
 BATCH_BYTES = 30 * 1024**2
+SLOW_LATENCY_MS = 1000.0  # diagnostic rows: a network slow enough that the CPU is no longer the limit
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Runs inside the published client's virtualenv; prints one JSON object.
@@ -141,9 +144,11 @@ def _body_id(body: bytes) -> tuple[int, bytes, bytes]:
 
 def run_ours(args: argparse.Namespace, tmp: str, label: str, lines: list[bytes], *, max_in_flight: int,
              compression: str, zstd_level: int = compress_module.DEFAULT_ZSTD_LEVEL,
-             gzip_level: int | None = None, precompressed: bool = False) -> Result:  # fmt: skip
+             gzip_level: int | None = None, precompressed: bool = False,
+             latency_ms: float | None = None) -> Result:  # fmt: skip
     """One upload of ``lines`` by our client to a fresh service.
 
+    ``latency_ms`` replaces the service's latency for this run (a diagnostic).
     ``precompressed`` is a diagnostic: every batch is compressed before the
     clock starts and the uploader's ``compress`` just looks it up, which shows
     what the client and the service reach when compression costs nothing.
@@ -152,7 +157,7 @@ def run_ours(args: argparse.Namespace, tmp: str, label: str, lines: list[bytes],
     if precompressed:
         ready = {_body_id(b.body): compress_module.compress(b.body, compression) for b in iter_batches(lines)}
         uploader_module.compress = lambda body, coding, **_: ready[_body_id(body)]
-    service = Service(tmp, args.latency_ms, args.bandwidth_mb_s)
+    service = Service(tmp, args.latency_ms if latency_ms is None else latency_ms, args.bandwidth_mb_s)
     try:
         # compress() reads GZIP_LEVEL from its module's globals at call time.
         if gzip_level is not None:
@@ -322,6 +327,10 @@ def target_checks(by: dict[str, Result], compression: list[tuple[str, float, int
     lines = []
     speedup = eight.episodes_per_s / one.episodes_per_s
     lines.append(f"- 8 in flight vs 1 in flight (gzip-1): {speedup:.2f}x (target >= 4x): {verdict(speedup >= 4)}")
+    zstd_speedup = by["zstd-1 x8"].episodes_per_s / by["zstd-1 x1"].episodes_per_s
+    lines.append(f"- the same with zstd-1 (what `auto` sends to this service): {zstd_speedup:.2f}x")
+    slow = by["slow net x8"].episodes_per_s / by["slow net x1"].episodes_per_s
+    lines.append(f"- the same at {SLOW_LATENCY_MS:g} ms service latency (gzip-1; diagnostic): {slow:.2f}x")
     if "published" in by:
         pub = by["published"]
         for key in ("gzip-1 x8", "default x8"):
@@ -382,12 +391,15 @@ def main() -> int:
                for n in (1, 2, 4, 8)]  # fmt: skip
     configs += [
         ("gzip-9 x8", "ours gzip-9, 8 in flight", dict(max_in_flight=8, compression="gzip", gzip_level=9)),
+        ("zstd-1 x1", "ours zstd-1, 1 in flight", dict(max_in_flight=1, compression="zstd", zstd_level=1)),
         ("zstd-1 x8", "ours zstd-1, 8 in flight", dict(max_in_flight=8, compression="zstd", zstd_level=1)),
         ("zstd-3 x8", "ours zstd-3, 8 in flight", dict(max_in_flight=8, compression="zstd", zstd_level=3)),
         ("default x8", "ours defaults (auto: gzip, then zstd-1), 8 in flight",
          dict(max_in_flight=8, compression="auto")),
         ("ceiling x8", "diagnostic: ours gzip-1, 8 in flight, bodies compressed before the clock",
          dict(max_in_flight=8, compression="gzip", precompressed=True)),
+        *((f"slow net x{n}", f"diagnostic: ours gzip-1, {n} in flight, service latency {SLOW_LATENCY_MS:g} ms",
+           dict(max_in_flight=n, compression="gzip", latency_ms=SLOW_LATENCY_MS)) for n in (1, 8)),
     ]  # fmt: skip
     runs: dict[str, list[Result]] = {}
     started = time.perf_counter()
