@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from prime_traces import TracesClient, UploadError
 from prime_traces._batching import iter_batches
+from prime_traces._encode import encode_record
 from prime_traces._report import BatchStatus, LineStatus
 from prime_traces.server import LocalTracesService
 
@@ -73,12 +74,19 @@ def test_second_upload_of_the_same_lines_is_all_replays(service):
     target=st.integers(min_value=50, max_value=3000),
 )
 def test_same_records_give_same_batches_and_keys(service, docs, target):
-    records = [{**doc, "id": f"h-{i}", "timing": {"start": 1.7e9}} for i, doc in enumerate(docs)]
-    lines = [orjson.dumps(r) for r in records]
-    first = [(b.key, b.line_indexes) for b in iter_batches(lines, target_batch_bytes=target)]
-    again = [(b.key, b.line_indexes) for b in iter_batches(list(lines), target_batch_bytes=target)]
-    assert first == again
-    assert [i for _, idx in first for i in idx] == list(range(len(lines)))
+    # Prefixed keys never collide with the fields the service validates.
+    records = [{**{f"x_{k}": v for k, v in doc.items()}, "id": f"h-{i}", "timing": {"start": NOW}}
+               for i, doc in enumerate(docs)]
+    expected = [b.key.removeprefix("sha256:") for b in
+                iter_batches([encode_record(r, i) for i, r in enumerate(records)], target_batch_bytes=target)]  # fmt: skip
+    with client_for(service) as client:
+        first = client.upload_records(records, target_batch_bytes=target)
+        replays = service.stats()["replays"]
+        again = client.upload_records([dict(r) for r in records], target_batch_bytes=target)
+    assert [r.upload_id for r in first] == expected
+    assert [r.upload_id for r in again] == expected
+    # The second upload stored nothing: every batch was a replay.
+    assert service.stats()["replays"] - replays == len(again)
 
 
 def test_upload_records_encodes_mappings_objects_and_self_encoding_records(service):
@@ -132,23 +140,31 @@ def _producer() -> str:
     return producer_of(TOKEN)
 
 
-def test_receipts_and_on_batch_come_in_batch_order_when_later_batches_finish_first(tmp_path):
+def test_receipts_and_on_batch_come_in_batch_order_when_later_batches_finish_first(tmp_path, monkeypatch):
+    import prime_traces.server._upload as upload_route
+
     lines = lines_of(8, pad=900)
     batches = list(iter_batches(lines, target_batch_bytes=2_000))
     first_key = batches[0].key
     others_committed = threading.Event()
-    committed_others = []
+    committed: list[str] = []
     lock = threading.Lock()
+    original = upload_route._process
+
+    def process(req, body, digest, raw_format):
+        response = original(req, body, digest, raw_format)
+        with lock:
+            committed.append(f"sha256:{digest}")
+            if len(committed) == len(batches) - 1:
+                others_committed.set()
+        return response
 
     def on_upload(key: str) -> None:
+        # Batch 0 is held until every later batch is committed, so it commits last.
         if key == first_key:
             assert others_committed.wait(timeout=20)
-            return
-        with lock:
-            committed_others.append(key)
-            if len(committed_others) == len(batches) - 1:
-                others_committed.set()
 
+    monkeypatch.setattr(upload_route, "_process", process)
     calls = []
     with LocalTracesService(tmp_path / "db", on_upload=on_upload) as svc:
         with client_for(svc, max_in_flight=8, compression="gzip") as client:
@@ -160,7 +176,7 @@ def test_receipts_and_on_batch_come_in_batch_order_when_later_batches_finish_fir
     assert [c[0] for c in calls] == list(range(len(batches)))
     assert [c[1] for c in calls] == [r.upload_id for r in receipts]
     assert {c[2] for c in calls} == {threading.current_thread()}
-    assert committed_others[0] != first_key
+    assert committed[-1] == first_key and len(committed) == len(batches)
 
 
 @pytest.mark.parametrize("max_in_flight", [1, 4])
@@ -193,10 +209,16 @@ def test_fail_stop_reports_every_line_as_the_service_stored_it(tmp_path, max_in_
 
 def test_retry_after_is_honoured_with_the_same_bytes_and_key(tmp_path):
     waits: list[float] = []
-    with LocalTracesService(tmp_path / "db", fail_count=2, fail_status=429, fail_retry_after_s=7) as svc:
+    keys: list[str] = []
+    (batch,) = iter_batches(lines_of(3))
+    with LocalTracesService(tmp_path / "db", fail_count=2, fail_status=429, fail_retry_after_s=7,
+                            on_upload=keys.append) as svc:  # fmt: skip
         with client_for(svc, _sleep=waits.append) as client:
             receipts = client.upload_lines(lines_of(3))
         stats = svc.stats()
+    # Every attempt carried the same key; the service checked the committed one against its bytes.
+    assert keys == [batch.key] * 3
+    assert receipts[0].upload_id == batch.key.removeprefix("sha256:")
     assert waits == [7.0, 7.0]
     assert len(receipts) == 1
     assert stats["uploads"] == 1
