@@ -145,10 +145,13 @@ def test_max_lines_out_of_range_is_refused(lines):
 def test_body_is_joined_once_and_shared_between_threads():
     (batch,) = iter_batches([_record(i, 100) for i in range(1000)])
     barrier = threading.Barrier(4)
+    bodies: list[bytes] = []
     keys: list[str] = []
 
     def read() -> None:
         barrier.wait(timeout=10)
+        # The body itself, not the key: separate joins hash to the same key.
+        bodies.append(batch.body)
         keys.append(batch.key)
 
     threads = [threading.Thread(target=read) for _ in range(4)]
@@ -156,8 +159,9 @@ def test_body_is_joined_once_and_shared_between_threads():
         thread.start()
     for thread in threads:
         thread.join(timeout=10)
+    assert len(bodies) == 4 and all(body is bodies[0] for body in bodies)
+    assert bodies[0] is batch.body
     assert len(set(keys)) == 1 and len(keys) == 4
-    assert batch.body is batch.body
     assert batch.input_index_of(1) == 0 and batch.input_index_of(1000) == 999
     assert batch.input_index_of(0) is None and batch.input_index_of(1001) is None
 

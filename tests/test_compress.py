@@ -157,15 +157,22 @@ def test_invalid_compression_lists_the_valid_values(value):
 
 def test_selector_switch_is_seen_by_every_thread():
     selector = CodingSelector("auto")
-    barrier = threading.Barrier(8)
+    start = threading.Barrier(8)
+    observed = threading.Barrier(8)
+    seen: list[str] = []
 
     def work(i: int) -> None:
-        barrier.wait(timeout=10)
+        start.wait(timeout=10)
         selector.observe({"Accept-Encoding": "zstd" if i == 0 else "gzip"})
+        # Read only once every thread has observed, so each reader comes after
+        # the one advertisement and after every gzip-only answer.
+        observed.wait(timeout=10)
+        seen.append(selector.current())
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=10)
+    assert seen == ["zstd"] * 8
     assert selector.current() == "zstd"

@@ -259,19 +259,43 @@ def test_cancel_during_a_wait_stops_without_another_attempt():
     assert waited == [1.0]
 
 
+class WaitSignallingEvent(threading.Event):
+    """An Event that reports, through ``in_wait``, that someone has started waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_wait = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.in_wait.set()
+        return super().wait(timeout)
+
+
 def test_default_sleep_is_cut_short_by_cancel():
-    cancel = threading.Event()
-    flaky = Flaky(_busy(retry_after=60.0), _busy())
-    timer = threading.Timer(0.1, cancel.set)
+    cancel = WaitSignallingEvent()
+    first = _busy(retry_after=60.0)
+    flaky = Flaky(first, _busy())
+
+    def cancel_once_waiting() -> None:
+        # Setting the event before the wait began would stop the retries
+        # without ever interrupting a sleep.
+        cancel.in_wait.wait()
+        cancel.set()
+
+    helper = threading.Thread(target=cancel_once_waiting)
     started = time.monotonic()
-    timer.start()
+    helper.start()
     try:
-        with pytest.raises(RetryableAPIError):
+        with pytest.raises(RetryableAPIError) as info:
             upload_retrying(cancel=cancel)(flaky)
+        elapsed = time.monotonic() - started
+        waited_on_cancel = cancel.in_wait.is_set()
     finally:
-        timer.cancel()
-        timer.join(timeout=5)
-    assert time.monotonic() - started < 30
+        cancel.in_wait.set()  # frees the helper if the sleep never waited on the event
+        helper.join(timeout=5)
+    assert waited_on_cancel
+    assert elapsed < 30  # far below the 60 s Retry-After
+    assert info.value is first
     assert flaky.calls == 1
 
 

@@ -139,32 +139,46 @@ def test_a_second_run_in_the_same_process_is_a_new_run(service):
     assert get_run(service, first.id)["episode_count"] == 0
 
 
+class _NotedWait(threading.Event):
+    """An Event that notes when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 def test_finish_from_two_threads_records_one_status(service, gate, caplog):
     run = online(service)
+    # Only a finish() that lost the race for the finish lock waits on this event.
+    run._finished = _NotedWait()
     assert run.log_episodes(episodes("e", 5))
     assert gate.entered.wait(GATE_TIMEOUT_S)  # the first finish will wait in flush
-    barrier = threading.Barrier(2, timeout=GATE_TIMEOUT_S)
+    done = {s: threading.Event() for s in ("completed", "failed")}
     errors: list[BaseException] = []
 
     def finish(status: str) -> None:
-        barrier.wait()
         try:
             run.finish(status=status, timeout_s=GATE_TIMEOUT_S)
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
+        finally:
+            done[status].set()
 
-    threads = [threading.Thread(target=finish, args=(s,)) for s in ("completed", "failed")]
+    threads = [threading.Thread(target=finish, args=(s,)) for s in done]
     with caplog.at_level(logging.WARNING, logger="prime_runs"):
         for t in threads:
             t.start()
-        for t in threads:
-            t.join(0.3)
+        assert run._finished.waiting.wait(GATE_TIMEOUT_S)
         # Neither returns while the first is still flushing: the second waits for it.
-        assert all(t.is_alive() for t in threads)
+        assert not any(d.is_set() for d in done.values())
         gate.open()
         for t in threads:
             t.join(GATE_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads) and errors == []
+    assert all(d.is_set() for d in done.values()) and errors == []
     remote = get_run(service, run.id)
     assert remote["status"] == run.status
     assert run.status in ("completed", "failed")
@@ -304,7 +318,8 @@ def test_aflush_and_afinish_do_not_block_the_loop_and_survive_cancellation(servi
         probe = asyncio.create_task(_probe(ticks, stop, enough))
         waiter = asyncio.create_task(run.aflush(GATE_TIMEOUT_S))
         await asyncio.wait_for(enough.wait(), GATE_TIMEOUT_S)
-        assert gate.entered.is_set() and not waiter.done()
+        assert await asyncio.to_thread(gate.entered.wait, GATE_TIMEOUT_S)  # waits off the loop
+        assert not waiter.done()
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter

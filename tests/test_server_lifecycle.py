@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -129,6 +130,23 @@ def serve(tmp_path):
         process.close()
 
 
+def _wait_for_an_upload_attempt(url: str) -> None:
+    """Return once the service has counted an upload attempt.
+
+    It counts the attempt after reading the body and before ``--hang-uploads``
+    hangs it, so a counted attempt is an upload in flight. There is no event to
+    wait on across the process boundary, hence the bounded poll.
+    """
+    deadline = time.monotonic() + STARTUP_S
+    pause = threading.Event()
+    while True:
+        stats = requests.get(url + "/api/v1/_stats", headers=auth(), timeout=10).json()
+        if stats["upload_attempts"] >= 1:
+            return
+        assert time.monotonic() < deadline, f"no upload attempt within {STARTUP_S}s: {stats}"
+        pause.wait(0.01)
+
+
 def _url(line: str) -> str:
     prefix = "listening on http://"
     assert line.startswith(prefix), line
@@ -205,11 +223,15 @@ def test_serve_stops_on_the_first_signal_while_an_upload_is_in_flight(serve):
         signum = (signal.SIGTERM, signal.SIGINT)[round_number % 2]
         proc = serve("--hang-uploads")
         url = _url(proc.read_line())
-        assert requests.get(url + "/api/v1/_stats", headers=auth(), timeout=10).status_code == 200
+        idle = requests.get(url + "/api/v1/_stats", headers=auth(), timeout=10)
+        assert (idle.status_code, idle.json()["upload_attempts"]) == (200, 0)
         host, port = url.removeprefix("http://").rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
         try:
             conn.request("POST", "/api/v1/traces", body=body, headers={**headers, **auth()})
+            # Sent is not received: a signal that beat the upload to the service
+            # would pass the round with nothing in flight.
+            _wait_for_an_upload_attempt(url)
             proc.proc.send_signal(signum)
             try:
                 _, stderr = proc.finish(timeout_s=5.0)
