@@ -24,6 +24,8 @@ _STATUS_RESERVE_FRACTION = 0.2
 _STATUS_RESERVE_MAX_S = 2.0
 _STATUS_MIN_TIMEOUT_S = 0.2
 _UPDATE_LOCK_TIMEOUT_S = 0.5
+# What finish() waits for the status request beyond its own deadline (thread hand-off).
+_STATUS_GRACE_S = 0.5
 
 
 class Run:
@@ -76,6 +78,9 @@ class Run:
         self._on_error = on_error
         self.finish_timeout_s = finish_timeout_s
         self._lock = threading.Lock()
+        # One config/summary/status request at a time, each sending a snapshot
+        # taken while it holds this: an older snapshot can never land last.
+        self._patch_lock = threading.Lock()
         self._finish_lock = threading.Lock()
         self._finishing = False
         self._finished = threading.Event()
@@ -136,26 +141,36 @@ class Run:
         """Send pending config and summary changes now (the worker's timer calls this)."""
         if self._lifecycle is None or not self._owner:
             return
+        if not self._patch_lock.acquire(blocking=False):
+            return  # another request (or the final status) is on its way; what is pending stays pending
+        try:
+            config, summary = self._snapshot(everything=False)
+            if config is None and summary is None:
+                return
+            try:
+                self._lifecycle.update(self.id, config=config, summary=summary, timeout_s=timeout_s)
+            except Exception as err:  # noqa: BLE001  (metrics must never break training)
+                # Plain flag writes, no lock: this may run from a signal's finisher.
+                self._dirty["config"] |= config is not None
+                self._dirty["summary"] |= summary is not None
+                logger.warning("could not send run updates (%s); will retry", describe(err))
+        finally:
+            self._patch_lock.release()
+
+    def _snapshot(self, *, everything: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Copies of the config and summary to send (only what changed, unless ``everything``)."""
         # Bounded: a signal handler may finish the run while the interrupted
         # main thread holds the lock inside log().
         if not self._lock.acquire(timeout=_UPDATE_LOCK_TIMEOUT_S):
             logger.warning("run %s: summary busy; sending the status without the latest metrics", self.id)
-            return
+            return None, None
         try:
-            config = dict(self.config) if self._dirty["config"] else None
-            summary = dict(self.summary) if self._dirty["summary"] else None
+            config = dict(self.config) if everything or self._dirty["config"] else None
+            summary = dict(self.summary) if everything or self._dirty["summary"] else None
             self._dirty = {"config": False, "summary": False}
         finally:
             self._lock.release()
-        if config is None and summary is None:
-            return
-        try:
-            self._lifecycle.update(self.id, config=config, summary=summary, timeout_s=timeout_s)
-        except Exception as err:  # noqa: BLE001  (metrics must never break training)
-            # Plain flag writes, no lock: this may run from a signal's finisher.
-            self._dirty["config"] |= config is not None
-            self._dirty["summary"] |= summary is not None
-            logger.warning("could not send run updates (%s); will retry", describe(err))
+        return config, summary
 
     # -- waiting (bounded) ---------------------------------------------------
 
@@ -206,16 +221,45 @@ class Run:
                 )  # fmt: skip
         self.status = status
         if self._lifecycle is not None and self._owner:
-            remaining = max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic())
-            self.send_updates(timeout_s=remaining)
-            remaining = max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic())
+            self._record_status(status, str(error) if error is not None else None, deadline)
+        self._hooks.uninstall()
+
+    def _record_status(self, status: str, error: str | None, deadline: float) -> None:
+        """Send the terminal status with the whole config and summary, waiting until ``deadline``.
+
+        The request runs on a daemon thread: requests' timeouts bound each socket
+        read, not a whole answer, so a service that trickles its reply would
+        otherwise hold ``finish()`` (and exit) past its deadline. PATCH merges,
+        so sending everything again is harmless, and nothing logged before
+        ``finish()`` is left behind by an update still in flight.
+        """
+        lifecycle = self._lifecycle
+        assert lifecycle is not None
+        sent = threading.Event()
+
+        def send() -> None:
             try:
-                self._lifecycle.update(
-                    self.id, status=status, error=str(error) if error is not None else None, timeout_s=remaining
-                )
+                if not self._patch_lock.acquire(timeout=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic())):
+                    raise TimeoutError("an earlier update to the run is still waiting for an answer")
+                try:
+                    config, summary = self._snapshot(everything=True)
+                    lifecycle.update(self.id, config=config, summary=summary, status=status, error=error,
+                                     timeout_s=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()))  # fmt: skip
+                finally:
+                    self._patch_lock.release()
             except Exception as err:  # noqa: BLE001  (finish must return, whatever the service does)
                 logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
-        self._hooks.uninstall()
+            finally:
+                sent.set()
+
+        thread = threading.Thread(target=send, name=f"prime-runs-status-{self.id}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            send()
+        if not sent.wait(max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S):
+            logger.warning("run %s: the service did not confirm status %r within finish()'s timeout; "
+                           "it may not be recorded", self.id, status)  # fmt: skip
 
     def _finish_from_hook(self, status: str) -> None:
         if not self._finishing:
@@ -284,6 +328,7 @@ class Run:
         # The child logs its own records but never finishes the parent's run.
         self._owner = False
         self._lock = threading.Lock()
+        self._patch_lock = threading.Lock()
         self._finish_lock = threading.Lock()
         self._hooks.after_fork_in_child()
         if self.mode == "online":

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -41,6 +42,52 @@ pytestmark = pytest.mark.timeout(60)
 
 
 # -- lifecycle -------------------------------------------------------------------------
+
+
+class _TricklingServer:
+    """Answers one request with headers, then a body byte every 0.1 s (for 10 s, or until stopped).
+
+    Each byte comes well inside a socket read timeout, so only a deadline on the
+    whole answer ends the wait.
+    """
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.received = threading.Event()
+        self.request = b""
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="trickle", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn, self.listener:
+            while b"\r\n\r\n" not in self.request:
+                self.request += conn.recv(65536)
+            self.received.set()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+            ends = time.monotonic() + 10  # a client without a deadline gets its answer after 10 s
+            while not self.stop.wait(0.1) and time.monotonic() < ends:
+                conn.sendall(b" ")
+
+
+def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
+    run = online(service)
+    assert run.log_episodes(episodes("e", 2)) and run.flush(FLUSH_TIMEOUT_S)
+    trickle = _TricklingServer()
+    run._lifecycle.base_url = trickle.url  # only the status request goes there
+    try:
+        started = time.monotonic()
+        run.finish(timeout_s=1.0)
+        elapsed = time.monotonic() - started
+        assert trickle.received.wait(GATE_TIMEOUT_S)
+    finally:
+        trickle.stop.set()
+        trickle.thread.join(GATE_TIMEOUT_S)
+    assert elapsed < 3.0  # a read timeout alone would wait for the whole trickle
+    assert trickle.request.startswith(f"PATCH /api/v1/runs/{run.id} ".encode())
+    assert run.status == "completed" and identity_holds(run)
 
 
 def test_log_and_update_config_reach_the_run_at_finish(service):
