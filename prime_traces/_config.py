@@ -76,6 +76,9 @@ def resolve_config(
       the Traces service.
     - ``api_key``: the argument if not ``None`` (``""`` included), then
       ``PRIME_API_KEY`` if non-empty, then the file's ``api_key``, then ``""``.
+      Surrounding whitespace is stripped first (so a blank ``PRIME_API_KEY``
+      counts as empty); a key that still holds anything but visible ASCII
+      raises ``ValueError`` naming where it came from, never the key.
     - ``team_id``: the argument if not ``None``, then ``PRIME_TEAM_ID`` if set
       at all (even empty), then the file's ``team_id``, then ``""``.
 
@@ -97,9 +100,12 @@ def resolve_config(
         )
 
     if api_key is not None:
-        resolved_key = api_key
+        resolved_key = _clean_api_key(api_key, "the api_key argument")
     else:
-        resolved_key = env.get(ENV_API_KEY) or _file_str(file_values, "api_key")
+        resolved_key = _clean_api_key(env.get(ENV_API_KEY) or "", ENV_API_KEY)
+        if not resolved_key:
+            file_source = f"api_key in {_config_file_path(config_path)}"
+            resolved_key = _clean_api_key(_file_str(file_values, "api_key"), file_source)
 
     if team_id is not None:
         resolved_team = team_id
@@ -115,8 +121,30 @@ def resolve_config(
     )
 
 
+def _clean_api_key(key: str, source: str) -> str:
+    """``key`` without surrounding whitespace; ValueError for any character but visible ASCII.
+
+    Keys filled from secret files often end in a newline. Sent as is, such a
+    key makes ``requests`` raise an error whose text quotes the whole header,
+    key included. The message names ``source``, never the key.
+    """
+    key = key.strip()
+    for index, char in enumerate(key):
+        if not "!" <= char <= "~":  # HTTP headers carry visible ASCII; anything else breaks or leaks
+            raise ValueError(
+                f"the API key from {source} contains whitespace, a control character or a "
+                f"non-ASCII character (U+{ord(char):04X} at position {index + 1}); an API key is one "
+                "token of visible ASCII characters: copy it again without the extra character"
+            )
+    return key
+
+
+def _config_file_path(config_path: str | os.PathLike[str] | None) -> Path:
+    return Path(DEFAULT_CONFIG_PATH if config_path is None else config_path).expanduser()
+
+
 def _read_config_file(config_path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    path = Path(DEFAULT_CONFIG_PATH if config_path is None else config_path).expanduser()
+    path = _config_file_path(config_path)
     try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError):

@@ -1,17 +1,21 @@
 """HTTP for the client: one ``requests.Session`` per thread, errors translated.
 
 This is the one place where ``requests`` exceptions and error answers become
-``prime_traces.errors`` types (contract §6). requests does not promise that a
-Session is thread-safe, so every thread that sends gets its own, with
-keep-alive. After ``fork`` the child builds new sessions: it never writes to
-a socket it shares with its parent.
+``prime_traces.errors`` types (contract §6), with the API key scrubbed from any
+third-party text they carry. requests does not promise that a Session is
+thread-safe, so every thread that sends gets its own, with keep-alive; the
+sessions of threads that have ended are closed when a new one is made. After
+``fork`` the child builds new sessions: it never writes to a socket it shares
+with its parent, nor closes one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +45,12 @@ from prime_traces.errors import (
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+
+_REDACTED = "<redacted>"
+#: Whitespace and control characters: where a key with stray characters may be split.
+_STRAY = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
+#: Shorter pieces are too likely to match unrelated text to be worth hiding.
+_MIN_PIECE = 8
 
 
 def error_from_response(resp: requests.Response) -> APIError:
@@ -100,33 +110,71 @@ class Transport:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._headers = default_headers(config)
+        self._secrets = _secret_forms(config.api_key)
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._sessions: list[requests.Session] = []
+        # Each session with the thread that uses it, so that the sessions of
+        # threads that have ended can be found and closed (see _sweep).
+        self._sessions: dict[requests.Session, threading.Thread] = {}
         self._pid = os.getpid()
+        method = weakref.WeakMethod(self._new_lock_in_child)
+
+        def after_fork_in_child() -> None:
+            new_lock = method()
+            if new_lock is not None:
+                new_lock()
+
+        os.register_at_fork(after_in_child=after_fork_in_child)
 
     def __repr__(self) -> str:
         return f"Transport(base_url={self.config.base_url!r})"
 
+    def _new_lock_in_child(self) -> None:
+        # A parent thread may have held the lock at fork time, and it does not
+        # exist in the child to release it: never acquire the inherited one.
+        self._lock = threading.Lock()
+
+    def _forget_parent_sessions(self) -> None:
+        """In a forked child, drop (unclosed) the sessions inherited from the parent. Hold the lock.
+
+        Closing them would close sockets the parent is still using. The pid
+        check happens under the lock so that, when several threads of the
+        child send at once, exactly one of them replaces the bookkeeping.
+        """
+        if self._pid != os.getpid():
+            self._local = threading.local()
+            self._sessions = {}
+            self._pid = os.getpid()
+
     def _session(self) -> requests.Session:
-        if os.getpid() != self._pid:
-            self._after_fork()
+        if self._pid != os.getpid():
+            with self._lock:
+                self._forget_parent_sessions()
         session = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
             session.headers.update(self._headers)
             self._local.session = session
             with self._lock:
-                self._sessions.append(session)
+                ended = self._sweep()
+                self._sessions[session] = threading.current_thread()
+            for old in ended:
+                old.close()
         return session
 
-    def _after_fork(self) -> None:
-        # The parent's sessions hold the parent's sockets: forget them, unclosed
-        # (closing would shut sockets the parent is still using).
-        self._lock = threading.Lock()
-        self._local = threading.local()
-        self._sessions = []
-        self._pid = os.getpid()
+    def _sweep(self) -> list[requests.Session]:
+        """Remove and return the sessions of threads that have ended. Hold the lock.
+
+        Without this, every short-lived thread that ever sent would keep its
+        session, and its keep-alive sockets, open until close(). A thread that
+        is no longer alive can no longer be using its session, so it is safe
+        to close from here. Done when a thread makes a new session, which is
+        exactly when the number of sessions would grow.
+        """
+        ended = [session for session, thread in self._sessions.items() if not thread.is_alive()]
+        for session in ended:
+            del self._sessions[session]
+        return ended
 
     def request(
         self,
@@ -154,9 +202,15 @@ class Transport:
                 allow_redirects=True,
             )
         except requests.Timeout as err:
+            self._scrub_chain(err)
             raise APITimeoutError(f"{method} {_path(url)}: no answer within {read_timeout:g} s") from err
         except requests.RequestException as err:
-            raise TransportError(f"{method} {_path(url)}: {type(err).__name__}: {_short(err)}") from err
+            # Scrubbed before shortening: a cut could leave a piece of the key
+            # that no longer matches.
+            text, scrubbed = self._scrub(str(err))
+            self._scrub_chain(err)
+            hint = " (the API key was removed from this message; check it for stray characters)" if scrubbed else ""
+            raise TransportError(f"{method} {_path(url)}: {type(err).__name__}: {_short(text)}{hint}") from err
         if resp.status_code >= 400:
             try:
                 if stream:
@@ -166,10 +220,48 @@ class Transport:
             raise error_from_response(resp)
         return resp
 
+    def _scrub(self, text: str) -> tuple[str, bool]:
+        """``text`` with every form of the key replaced; and whether one was found.
+
+        Third-party messages may quote request headers (requests' InvalidHeader
+        does, as a repr), so they are scrubbed before they reach our messages,
+        and the chained third-party exceptions are scrubbed too, since
+        tracebacks and ``exc_info`` logs print them.
+        """
+        found = False
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, _REDACTED)
+                found = True
+        return text, found
+
+    def _scrub_chain(self, err: BaseException) -> None:
+        """Scrub the string arguments of ``err`` and of every exception it wraps, in place.
+
+        requests wraps urllib3's exceptions both as arguments and as causes;
+        non-string arguments are kept, since callers inspect them (see
+        ``_read_api._not_sent``).
+        """
+        seen: set[int] = set()
+        pending: list[BaseException] = [err]
+        while pending:
+            current = pending.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            current.args = tuple(self._scrub(a)[0] if isinstance(a, str) else a for a in current.args)
+            pending.extend(a for a in current.args if isinstance(a, BaseException))
+            pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+
     def close(self) -> None:
-        """Close every session this transport opened (in this process)."""
+        """Close every session this transport opened (in this process).
+
+        In a forked child that never sent, there is nothing of its own to
+        close: the sessions it inherited belong to the parent.
+        """
         with self._lock:
-            sessions, self._sessions = self._sessions, []
+            self._forget_parent_sessions()
+            sessions, self._sessions = self._sessions, {}
         for session in sessions:
             session.close()
 
@@ -178,6 +270,25 @@ def _path(url: str) -> str:
     return url.split("?", 1)[0]
 
 
-def _short(err: BaseException) -> str:
-    text = str(err)
+def _short(text: str) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _secret_forms(key: str) -> tuple[str, ...]:
+    """Every form in which ``key`` may be quoted by a third-party message, longest first.
+
+    Besides the key itself: its ``str`` and ``bytes`` reprs (requests and
+    http.client quote header values with ``%r``, which turns a stray newline
+    into ``\\n``), and, for a key with stray characters inside, each long
+    piece between them, in case a library quotes the header in parts.
+    """
+    if not key:
+        return ()
+    forms = {key, key.strip(), repr(key)[1:-1], ascii(key)[1:-1]}
+    for encoding in ("utf-8", "latin-1"):
+        try:
+            forms.add(repr(key.encode(encoding))[2:-1])
+        except UnicodeEncodeError:
+            pass  # a key that has no bytes in this encoding cannot be quoted in it either
+    forms.update(piece for piece in _STRAY.split(key) if len(piece) >= _MIN_PIECE)
+    return tuple(sorted((form for form in forms if form), key=len, reverse=True))

@@ -6,9 +6,11 @@ import enum
 import json
 import platform
 
+import orjson
 import pytest
+from _wire import trace
 
-from prime_traces import UnauthorizedError
+from prime_traces import TracesClient, UnauthorizedError
 from prime_traces._config import (
     DEFAULT_BASE_URL,
     ClientConfig,
@@ -20,6 +22,7 @@ from prime_traces._config import (
     require_api_key,
     resolve_config,
 )
+from prime_traces.server import LocalTracesService
 
 
 @pytest.fixture
@@ -113,6 +116,55 @@ def test_empty_env_api_key_falls_through_to_file(config_file):
 
 def test_api_key_defaults_to_empty(missing_file):
     assert resolve_config(environ={}, config_path=missing_file).api_key == ""
+
+
+def _key_sources(config_file, key):
+    """``resolve_config`` keyword arguments that give ``key`` from each source, by name."""
+    return {
+        "argument": {"api_key": key, "environ": {}, "config_path": config_file({})},
+        "PRIME_API_KEY": {"environ": {"PRIME_API_KEY": key}, "config_path": config_file({})},
+        "config file": {"environ": {}, "config_path": config_file({"api_key": key})},
+    }
+
+
+@pytest.mark.parametrize("source", ["argument", "PRIME_API_KEY", "config file"])
+@pytest.mark.parametrize("raw", ["pk-abc123\n", "pk-abc123\r\n", " pk-abc123\t", "\npk-abc123 "])
+def test_surrounding_whitespace_is_stripped_from_the_key(config_file, source, raw):
+    assert resolve_config(**_key_sources(config_file, raw)[source]).api_key == "pk-abc123"
+
+
+def test_blank_env_api_key_falls_through_to_file(config_file):
+    path = config_file({"api_key": "file-key"})
+    assert resolve_config(environ={"PRIME_API_KEY": " \n"}, config_path=path).api_key == "file-key"
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [("argument", "api_key argument"), ("PRIME_API_KEY", "PRIME_API_KEY"), ("config file", "config.json")],
+)
+@pytest.mark.parametrize("stray", ["\x00", "\x1b", "\x7f", " ", "\n", "\u200b", "\u2019", "é"])
+def test_key_with_an_inner_stray_character_is_refused_without_showing_it(config_file, source, named, stray):
+    key = f"pk-secret{stray}7f3a9c1e"
+    with pytest.raises(ValueError) as info:
+        resolve_config(**_key_sources(config_file, key)[source])
+    message = str(info.value)
+    assert named in message and f"U+{ord(stray):04X}" in message
+    assert "pk-secret" not in message and "7f3a9c1e" not in message
+
+
+def test_a_bad_key_in_a_source_that_is_not_used_is_not_an_error(config_file):
+    path = config_file({"api_key": "pk-bad\x00key"})
+    assert resolve_config(environ={"PRIME_API_KEY": "env-key"}, config_path=path).api_key == "env-key"
+
+
+def test_key_with_a_trailing_newline_works_against_the_service(tmp_path, monkeypatch, missing_file):
+    # The service checks the exact key, so this passes only if what was sent is the stripped key.
+    with LocalTracesService(tmp_path / "keyed.db", api_key="pk-abc123") as svc:
+        monkeypatch.setenv("PRIME_API_KEY", "pk-abc123\n")
+        with TracesClient(base_url=svc.url, config_path=missing_file, _sleep=lambda seconds: None) as client:
+            (receipt,) = client.upload_lines([orjson.dumps(trace("t-newline"))])
+            assert client.get("t-newline").trace_id == "t-newline"
+        assert receipt.upload_id
 
 
 # --- team -------------------------------------------------------------------
