@@ -39,16 +39,17 @@ class SizeMeter:
 
 @dataclass
 class Write:
-    """One accepted ``submit`` call: the caller's records, unchanged."""
+    """One accepted ``submit`` call: its records, and their count when it was queued.
+
+    ``count`` is fixed at ``put``: the queue's counters and the ledgers must
+    add and subtract the same number even if ``records`` changes afterwards.
+    """
 
     seq: int
     records: Sequence[Any]
     line_format: str | None
     est_bytes: float
-
-    @property
-    def count(self) -> int:
-        return len(self.records)
+    count: int
 
 
 @dataclass
@@ -92,7 +93,7 @@ class RecordQueue:
             elif self._writes and est and self.queued_bytes + est > self.max_bytes:
                 reason = "queue_full_bytes"
             else:
-                self._writes.append(Write(self._next_seq, records, line_format, est))
+                self._writes.append(Write(self._next_seq, records, line_format, est, count))
                 self._next_seq += 1
                 self.queued_records += count
                 self.queued_bytes += est

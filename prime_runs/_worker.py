@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prime_runs._accounting import Accounting
-from prime_runs._encoding import detect_line_format
+from prime_runs._encoding import INVALID_RECORD, is_episode
 from prime_runs._queue import (
     DEFAULT_MAX_QUEUED_BYTES,
     DEFAULT_MAX_QUEUED_RECORDS,
@@ -30,6 +31,8 @@ STRIKES_TO_RETIRE = 3
 SINK_RETIRED = "sink_retired"
 DEADLINE = "deadline"
 SINK_INCOMPLETE = "sink_incomplete"
+#: Prefix of the reason for records lost to an unexpected error in the worker itself.
+WORKER_ERROR = "worker_error"
 #: How long close() waits, past its deadline, for the write in progress to account for itself.
 ACCOUNTING_GRACE_S = 0.8
 
@@ -41,10 +44,7 @@ class _Group:
     key: int
     records: list[Any]
     line_format: str
-
-    @property
-    def count(self) -> int:
-        return len(self.records)
+    count: int
 
 
 class UploadWorker:
@@ -106,25 +106,32 @@ class UploadWorker:
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._inflight: dict[int, list[Ledger]] = {}
-        self._taken: list[_Group] = []
         self._strikes = {s.name: 0 for s in self.sinks}
         self.retired: set[str] = set()
 
     # -- the caller's side ---------------------------------------------------
 
     def submit(self, records: Sequence[Any] | Iterable[Any], *, line_format: str | None = None) -> bool:
-        """Queue ``records`` for the sinks; ``False`` means they were dropped (counted)."""
+        """Queue ``records`` for the sinks; ``False`` means they were dropped (counted).
+
+        The records are copied (the references, not the objects), so the caller
+        may clear or refill its list as soon as this returns. Without
+        ``line_format`` the first record decides (``episode`` if it has
+        ``traces``); a record that raises while inspected fails as ``invalid_record``.
+        """
         started = time.perf_counter()
-        if not isinstance(records, list):
-            records = list(records)  # a list of references: O(count), never O(bytes)
-        if not records:
+        # Even a list is copied: a training loop logs its buffer, then clears
+        # it while the write still waits. O(count), never O(bytes).
+        records = list(records)
+        count = len(records)
+        if not count:
             return True
         accepted, reason = self._queue.put(records, line_format)
         if accepted:
             self._ensure_thread()
         else:
-            self.accounting.count_drop(len(records), reason or "dropped")
-        self.accounting.count_submit(len(records), time.perf_counter() - started)
+            self.accounting.count_drop(count, reason or "dropped")
+        self.accounting.count_submit(count, time.perf_counter() - started)
         return accepted
 
     def start(self) -> None:
@@ -202,36 +209,102 @@ class UploadWorker:
 
     # -- the worker thread -----------------------------------------------------
 
-    def _register(self, writes: list[Write]) -> None:
+    def _claim(self, writes: list[Write]) -> None:
+        # Runs under the queue's lock and calls no user code: from here on
+        # close() sees the taken records, whatever detecting formats does.
+        with self._lock:
+            self._inflight[writes[0].seq] = [
+                Ledger(self.accounting, s.name, sum(w.count for w in writes)) for s in self.sinks
+            ]
+
+    def _group(self, writes: list[Write]) -> list[_Group]:
+        """Swap the claim on ``writes`` for one per group; [] when close() took them meanwhile."""
         # Consecutive writes of one line format go to the sinks as one: many
         # small log_episodes() calls still fill batches and the request window.
+        with self._lock:
+            claim = self._inflight.get(writes[0].seq)
+        if claim is None:
+            return []
         groups: list[_Group] = []
         for write in writes:
-            line_format = write.line_format or detect_line_format(write.records)
+            records, line_format = write.records, write.line_format
+            if line_format is None:
+                skipped, line_format = self._detect_line_format(write)
+                if skipped:
+                    for ledger in claim:
+                        ledger.failed(skipped, INVALID_RECORD)
+                    self._report_failures({s.name: {INVALID_RECORD: skipped} for s in self.sinks})
+                    records = records[skipped:]
+            if not records:
+                continue
             if groups and groups[-1].line_format == line_format:
-                groups[-1].records.extend(write.records)
+                groups[-1].records.extend(records)
+                groups[-1].count += len(records)
             else:
-                groups.append(_Group(write.seq, list(write.records), line_format))
+                groups.append(_Group(write.seq, list(records), line_format, len(records)))
         with self._lock:
+            if self._inflight.pop(writes[0].seq, None) is None:
+                return []
             for group in groups:
                 self._inflight[group.key] = [Ledger(self.accounting, s.name, group.count) for s in self.sinks]
-        self._taken = groups
+        return groups
+
+    @staticmethod
+    def _detect_line_format(write: Write) -> tuple[int, str]:
+        """How many leading records could not be inspected, and the format of the first that could.
+
+        Detection runs user code (a ``traces`` property, a mapping's
+        ``__getitem__``). A record that raises there is a bad record: it
+        loses only itself, as it would in encoding, and the next one decides.
+        """
+        skipped, line_format = 0, "trace"
+        first_error: Exception | None = None
+        for record in write.records:
+            try:
+                line_format = "episode" if is_episode(record) else "trace"
+                break
+            except Exception as err:  # noqa: BLE001  (user code may raise anything)
+                first_error = first_error or err
+                skipped += 1
+        if first_error is not None:
+            logger.warning(
+                "%d of %d records not logged (%s): their line format could not be detected: %s: %s; "
+                "pass line_format to submit()",
+                skipped, write.count, INVALID_RECORD, type(first_error).__name__, first_error,
+            )  # fmt: skip
+        return skipped, line_format
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
         while True:
             timeout = max(0.0, next_tick - time.monotonic()) if self.tick is not None else None
-            self._taken = []
-            writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._register)
-            self._report_drops()
-            for group in self._taken:
-                self._process(group)
+            writes: list[Write] = []
+            try:
+                writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._claim)
+                self._report_drops()
+                if writes:
+                    for group in self._group(writes):
+                        self._process(group)
+            except Exception as err:  # noqa: BLE001  (the thread must outlive any one write)
+                logger.exception("upload worker failed on a write; its records are counted as failed")
+                self._abandon(f"{WORKER_ERROR}:{type(err).__name__}")
             self._queue.done(writes)
             if self.tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.tick_interval_s
                 self._run_tick()
             if not writes and self._queue.closed:
                 return
+
+    def _abandon(self, reason: str) -> None:
+        # Only the worker thread registers ledgers, so everything in flight is
+        # the write that just failed.
+        with self._lock:
+            claims, self._inflight = list(self._inflight.values()), {}
+        lost: collections.Counter[str] = collections.Counter()
+        for ledgers in claims:
+            for ledger in ledgers:
+                lost[ledger.sink] += ledger.close(reason)
+        self._report_failures({sink: {reason: n} for sink, n in lost.items() if n})
 
     def _run_tick(self) -> None:
         try:
@@ -274,9 +347,15 @@ class UploadWorker:
                 )  # fmt: skip
         else:
             self._strikes[sink.name] = 0
-        if ledger.failures and self.on_error is not None:
+        if ledger.failures:
+            self._report_failures({sink.name: dict(ledger.failures)})
+
+    def _report_failures(self, failures: dict[str, dict[str, int]]) -> None:
+        if self.on_error is None:
+            return
+        for sink, reasons in failures.items():
             try:
-                self.on_error(SinkError(sink.name, dict(ledger.failures)))
+                self.on_error(SinkError(sink, reasons))
             except Exception:  # noqa: BLE001
                 logger.warning("on_error callback failed", exc_info=True)
 

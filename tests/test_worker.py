@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
 
-from prime_runs._queue import SizeMeter
+from prime_runs._encoding import INVALID_RECORD
+from prime_runs._queue import RecordQueue, SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
-from prime_runs._worker import DEADLINE, SINK_RETIRED, UploadWorker
+from prime_runs._worker import DEADLINE, SINK_RETIRED, WORKER_ERROR, UploadWorker
 from prime_runs.errors import SinkError
 
 GATE_TIMEOUT_S = 30.0
@@ -29,6 +31,7 @@ class GatedSink:
         self.fail = fail
         self.honour_cancel = honour_cancel
         self.writes: list[int] = []
+        self.received: list[Any] = []
         self.closed = False
 
     def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
@@ -40,6 +43,7 @@ class GatedSink:
         else:
             self.gate.wait(GATE_TIMEOUT_S)
         self.writes.append(len(records))
+        self.received.extend(records)
         if self.fail:
             ledger.failed(self.fail, "rejected:invalid_trace")
         ledger.stored(len(records) - self.fail)
@@ -199,4 +203,156 @@ def test_writes_waiting_together_reach_the_sink_as_one_per_line_format():
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.writes == [1, 10, 3, 1]
     assert formats == ["trace", "episode", "trace", "episode"]
+    assert identity_holds(worker, "test")
+
+
+def _held_worker(sink: GatedSink, **options: Any) -> UploadWorker:
+    """A worker whose thread is inside the sink with one record, so later writes wait in the queue."""
+    worker = UploadWorker([sink], **options)
+    assert worker.submit([{"id": "holder"}])
+    assert sink.entered.wait(GATE_TIMEOUT_S)
+    return worker
+
+
+@pytest.mark.parametrize(
+    "reuse",
+    [list.clear, lambda buf: buf.extend({"id": f"late{i}"} for i in range(5))],
+    ids=["cleared", "appended"],
+)
+def test_a_caller_reusing_its_list_after_submit_loses_and_gains_nothing(reuse):
+    sink = GatedSink()
+    worker = _held_worker(sink)
+    buf = [{"id": f"ep{i}"} for i in range(64)]
+    expected = list(buf)
+    assert worker.submit(buf)
+    reuse(buf)  # the training-loop pattern: log the buffer, then clear or keep filling it
+    assert worker.stats()["queued_records"] == 64
+    sink.gate.set()
+    assert worker.flush(timeout_s=GATE_TIMEOUT_S)
+    assert sink.received[1:] == expected
+    assert worker.accounting.snapshot()["submitted"] == 65
+    assert worker.accounting.sinks["test"].stored == 65
+    assert identity_holds(worker, "test")
+    assert worker.stats()["queued_records"] == 0
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+
+
+def test_the_queue_counts_a_write_as_it_was_put_whatever_happens_to_the_list_later():
+    queue = RecordQueue(100, 10**9, SizeMeter())
+    shrunk, grown = [{"id": "a"}, {"id": "b"}, {"id": "c"}], [{"id": "d"}]
+    assert queue.put(shrunk, None) == (True, None)
+    assert queue.put(grown, "trace") == (True, None)
+    shrunk.clear()
+    grown.extend([{"id": "e"}] * 10)
+    taken = queue.take(float("inf"), 0)
+    assert [w.count for w in taken] == [3, 1]
+    assert queue.queued_records == 0
+    assert queue.queued_bytes == 0
+    # Drift would refuse this write although the queue is empty of records.
+    assert queue.put([{"id": "f"}] * 100, None) == (True, None)
+    assert queue.put([{"id": "g"}], None) == (False, "queue_full_records")
+
+
+class _RaisingEpisode:
+    """An object whose ``traces`` property fails, as user code may."""
+
+    @property
+    def traces(self) -> list[Any]:
+        raise RuntimeError("traces not loaded")
+
+
+class _RaisingMapping(Mapping[str, Any]):
+    """A mapping whose lookups fail, so ``"traces" in record`` raises."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise RuntimeError("lookup failed")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("bad", [_RaisingEpisode, _RaisingMapping])
+def test_a_record_that_raises_while_its_format_is_detected_loses_only_itself(bad, caplog):
+    sink = GatedSink()
+    sink.gate.set()
+    errors: list[SinkError] = []
+    worker = UploadWorker([sink], on_error=errors.append)
+    episode = {"id": "e", "traces": []}
+    with caplog.at_level(logging.WARNING, logger="prime_runs"):
+        assert worker.submit([bad(), bad(), episode, {"id": "t", "traces": []}])
+        assert worker.flush(timeout_s=GATE_TIMEOUT_S)
+    assert worker.accounting.sinks["test"].failed == {INVALID_RECORD: 2}
+    assert sink.received == [episode, {"id": "t", "traces": []}]
+    assert [e.failures for e in errors] == [{INVALID_RECORD: 2}]
+    assert "line format could not be detected: RuntimeError" in caplog.text
+    assert identity_holds(worker, "test")
+    # The worker is still there for what comes next, including a write of nothing but bad records.
+    assert worker.submit([bad()])
+    assert worker.submit([{"id": "later"}])
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert worker.accounting.sinks["test"].failed == {INVALID_RECORD: 3}
+    assert worker.accounting.sinks["test"].stored == 3
+    assert sink.received[-1] == {"id": "later"}
+    assert identity_holds(worker, "test")
+
+
+def test_close_accounts_for_a_write_whose_format_detection_never_returns():
+    detecting, release = threading.Event(), threading.Event()
+
+    class Stuck:
+        @property
+        def traces(self) -> list[Any]:
+            detecting.set()
+            release.wait(GATE_TIMEOUT_S)
+            return []
+
+    sink = GatedSink()
+    sink.gate.set()
+    worker = UploadWorker([sink])
+    try:
+        assert worker.submit([Stuck(), {"id": "b"}])
+        assert detecting.wait(GATE_TIMEOUT_S)
+        assert worker.close(timeout_s=0.1) is False
+        assert worker.accounting.sinks["test"].failed == {DEADLINE: 2}
+        assert identity_holds(worker, "test")
+    finally:
+        release.set()
+    # The detection finishing late changes nothing: the write was accounted for at the deadline.
+    assert worker._thread is not None
+    worker._thread.join(GATE_TIMEOUT_S)
+    assert not worker._thread.is_alive()
+    assert worker.accounting.sinks["test"].stored == 0
+    assert identity_holds(worker, "test")
+
+
+def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_on(caplog):
+    sink = GatedSink()
+    sink.gate.set()
+    errors: list[SinkError] = []
+    worker = UploadWorker([sink], on_error=errors.append)
+    report_drops = worker._report_drops
+    calls = 0
+
+    def broken_once() -> None:  # stands in for any bug between taking a write and handing it on
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("bug")
+        report_drops()
+
+    worker._report_drops = broken_once
+    reason = f"{WORKER_ERROR}:RuntimeError"
+    with caplog.at_level(logging.WARNING, logger="prime_runs"):
+        assert worker.submit([{"id": "a"}, {"id": "b"}])
+        assert worker.flush(timeout_s=GATE_TIMEOUT_S)
+    assert [r.exc_info is not None for r in caplog.records] == [True]
+    assert worker.accounting.sinks["test"].failed == {reason: 2}
+    assert [e.failures for e in errors] == [{reason: 2}]
+    assert identity_holds(worker, "test")
+    assert worker.submit([{"id": "c"}])
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert sink.received == [{"id": "c"}]
     assert identity_holds(worker, "test")
