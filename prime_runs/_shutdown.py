@@ -1,19 +1,37 @@
 """Finishing a run that nobody finished: at exit, and on SIGTERM / SIGINT.
 
-The hooks hold the run weakly, so they never keep it alive, and they are
-removed by an explicit ``finish()``. Signal handlers are installed only from
-the main thread and only over the default handlers (a framework's own
-handler is left alone); after finishing the run they chain to the previous
-handler, so a SIGTERM still ends the process by that signal.
+Each run registers an ``atexit`` hook that holds the run weakly, so it never
+keeps it alive, and that an explicit ``finish()`` removes. A forked child
+keeps the hook: the child never owns the run (its finish only flushes), but
+what it logged must still reach the sinks when it exits without ``finish()``.
+
+Signals go through one module-level handler shared by every run, installed
+only from the main thread and only over the default handlers (a framework's
+own handler is left alone). Sharing it means a run finished off the main
+thread (where handlers cannot be restored) leaves nothing stale behind: the
+next run simply joins the handler that is already there.
+
+The handler never waits. It interrupts the main thread wherever it was,
+possibly holding a lock that finishing needs (the record queue's, the
+accounting's, logging's), and that lock is released only once the handler
+returns. So it starts finishing every live run on helper threads and returns;
+when they are finished, or their bounded time is up, the signal is delivered
+to the main thread again and the handler chains to the previous handler, so a
+SIGTERM still ends the process by that signal and a SIGINT still raises
+``KeyboardInterrupt``. If the main thread reaches exit first, an exit hook
+waits for the finishing (bounded) and ends the process by the signal. A
+second signal while the runs are being finished chains at once.
 """
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import logging
 import os
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -22,18 +40,36 @@ logger = logging.getLogger(__name__)
 
 # What each signal finishes the run as.
 SIGNAL_STATUS = {signal.SIGTERM: "crashed", signal.SIGINT: "cancelled"}
+# Past the longest finish timeout, the signal is chained anyway: finish() returns
+# within its timeout plus about a second, so this only bounds a hung finish.
+_HARD_MARGIN_S = 2.0
+
+# State shared by the handler and the hooks, with no lock: the handler may
+# interrupt the main thread anywhere, this module included, so it could never
+# take one safely. ``_live`` only changes by append/remove (atomic under the
+# GIL), and only the main thread (the handler, the exit hook) rebinds the rest.
+_live: list[ShutdownHooks] = []  # the runs a signal finishes
+_previous: dict[int, Any] = {}  # the default handler ours replaced, per signal
+_episode: _Episode | None = None  # the signal being handled
+_exiting = False  # the exit hook is ending the process by the signal
 
 
 class ShutdownHooks:
-    """The ``atexit`` hook and signal handlers of one run."""
+    """The ``atexit`` hook of one run, and its place in the shared signal handling."""
 
     def __init__(self, finish: Callable[[str], Any], *, handle_signals: bool, timeout_s: float = 60.0) -> None:
         ref = weakref.WeakMethod(finish) if hasattr(finish, "__self__") else (lambda: finish)
         self._finish_ref = ref
         self._handle_signals = handle_signals
         self._timeout_s = timeout_s
-        self._previous: dict[int, Any] = {}
         self._installed = False
+        # Set at the end of every finish (it calls uninstall()), whoever started it:
+        # a signal that finds a finish in progress waits on this.
+        self._finished = threading.Event()
+
+    @property
+    def _live_run(self) -> bool:
+        return self._finish_ref() is not None and not self._finished.is_set()
 
     def _finish(self, status: str) -> None:
         finish = self._finish_ref()
@@ -43,32 +79,34 @@ class ShutdownHooks:
     def install(self) -> None:
         atexit.register(self._at_exit)
         self._installed = True
-        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+        if not self._handle_signals:
             return
-        for signum in SIGNAL_STATUS:
-            current = signal.getsignal(signum)
-            if current in (signal.SIG_DFL, signal.default_int_handler):
-                self._previous[signum] = current
-                signal.signal(signum, self._on_signal)
+        _live.append(self)
+        if threading.current_thread() is threading.main_thread():
+            _install_handler()
 
     def uninstall(self) -> None:
         """Remove the hooks (after an explicit finish). Safe to call twice, from any thread."""
+        self._finished.set()
         if not self._installed:
             return
         self._installed = False
         atexit.unregister(self._at_exit)
-        if threading.current_thread() is not threading.main_thread():
-            return  # handlers stay; they find the run finished and only chain
-        for signum, previous in list(self._previous.items()):
-            if signal.getsignal(signum) == self._on_signal:
-                signal.signal(signum, previous)
-            del self._previous[signum]
+        _forget(self)
+        # Off the main thread the handler stays: with this run gone it only
+        # chains, and the next run installed from the main thread reuses it.
+        if threading.current_thread() is threading.main_thread():
+            _restore_if_idle()
 
     def after_fork_in_child(self) -> None:
-        # The child does not own the run: its exit must not finish it.
-        if self._installed:
-            atexit.unregister(self._at_exit)
-            self._installed = False
+        # The child's finish only flushes (it does not own the run), so the
+        # atexit hook stays: records the child logged still reach the sinks
+        # when it exits without finish(). A parent thread may have held the
+        # event's lock at fork time: the child gets a fresh one.
+        finished = self._finished.is_set()
+        self._finished = threading.Event()
+        if finished:
+            self._finished.set()
 
     def _finish_logged(self, status: str) -> None:
         try:
@@ -76,20 +114,164 @@ class ShutdownHooks:
         except Exception:  # noqa: BLE001  (a signal must still end the process)
             logger.warning("finishing the run as %s on a signal failed", status, exc_info=True)
 
+    def _finish_on_signal(self, status: str, deadline: float) -> None:
+        self._finish_logged(status)
+        # finish() returns at once when another thread is already finishing the
+        # run (an explicit finish the signal interrupted): wait for that one.
+        if self._finish_ref() is not None:
+            self._finished.wait(max(0.0, deadline - time.monotonic()))
+
     def _at_exit(self) -> None:
+        episode = _episode
+        if episode is not None and self in episode.runs:
+            # A signal is finishing this run: wait for it rather than race it
+            # to the finish (its status, not "crashed", is the one to record).
+            episode.wait()
         self._finish("crashed")
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        status = SIGNAL_STATUS.get(signal.Signals(signum), "crashed")
-        # Finish on another thread: this handler interrupts the main thread
-        # wherever it was, possibly holding a lock that finishing needs. The
-        # wait is bounded, so the signal still ends the process.
-        finisher = threading.Thread(target=self._finish_logged, args=(status,), name="prime-runs-signal", daemon=True)
-        finisher.start()
-        finisher.join(self._timeout_s + 2.0)
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        signal.signal(signum, previous)
-        if previous is signal.SIG_DFL:
-            os.kill(os.getpid(), signum)  # end by the signal, as if we were never here
-        elif callable(previous):
-            previous(signum, frame)
+
+class _Episode:
+    """One signal being handled: the runs it finishes on helper threads, within a bound."""
+
+    def __init__(self, signum: int, runs: list[ShutdownHooks]) -> None:
+        self.signum = signum
+        self.status = SIGNAL_STATUS.get(signal.Signals(signum), "crashed")
+        self.runs = runs
+        self.deadline = time.monotonic() + max(r._timeout_s for r in runs) + _HARD_MARGIN_S
+        self.done = threading.Event()
+        self.chained = False
+
+    def start(self) -> bool:
+        # A raw thread: threading.Thread.start() takes the threading module's
+        # lock, which the interrupted main thread may hold.
+        try:
+            _thread.start_new_thread(self._finish_runs, ())
+        except RuntimeError:  # no new threads (the interpreter is shutting down)
+            return False
+        return True
+
+    def _finish_runs(self) -> None:
+        try:
+            finishers = []
+            for hooks in self.runs:
+                finisher = threading.Thread(
+                    target=hooks._finish_on_signal, args=(self.status, self.deadline),
+                    name="prime-runs-signal", daemon=True,
+                )  # fmt: skip
+                try:
+                    finisher.start()
+                except RuntimeError:  # the interpreter is shutting down: its exit hooks finish the run
+                    continue
+                finishers.append(finisher)
+            for finisher in finishers:
+                finisher.join(max(0.0, self.deadline - time.monotonic()))
+        finally:
+            self.done.set()
+            if not self.chained and not _exiting:
+                _deliver_again(self.signum)
+
+    def wait(self) -> None:
+        self.done.wait(max(0.0, self.deadline - time.monotonic()) + 0.5)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """The handler of every run: finish them on helper threads and return; chain once they are done."""
+    global _episode
+    if _exiting:
+        return  # the exit hook waits for the runs, then ends the process by the signal
+    episode = _episode
+    if episode is not None and not episode.chained:
+        # Either the finisher delivered the signal again (the runs are done),
+        # or a second signal came while they were being finished: chain now.
+        # Another signal than the one being handled leaves that one pending.
+        if signum == episode.signum:
+            episode.chained = True
+        _chain(signum, frame)
+        return
+    runs = [hooks for hooks in list(_live) if hooks._live_run]
+    if not runs:
+        _chain(signum, frame)
+        return
+    episode = _Episode(signum, runs)
+    _episode = episode
+    # Last registered, so first to run: if the main thread gets to exit before
+    # the signal is delivered again, the process still ends by the signal.
+    atexit.unregister(_end_by_signal_at_exit)
+    atexit.register(_end_by_signal_at_exit)
+    if not episode.start():
+        episode.chained = True
+        _chain(signum, frame)
+
+
+def _chain(signum: int, frame: Any) -> None:
+    default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+    previous = _previous.get(signum, default)
+    _restore_if_idle()
+    if callable(previous):
+        previous(signum, frame)  # default_int_handler: KeyboardInterrupt
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # end by the signal, as if we were never here
+
+
+def _deliver_again(signum: int) -> None:
+    # To the main thread itself, so that a blocking call there is interrupted
+    # and the handler runs now.
+    try:
+        signal.pthread_kill(threading.main_thread().ident or 0, signum)
+    except (OSError, ValueError):
+        os.kill(os.getpid(), signum)
+
+
+def _end_by_signal_at_exit() -> None:
+    global _exiting
+    episode = _episode
+    if episode is None or episode.chained:
+        return
+    _exiting = True
+    episode.wait()
+    episode.chained = True
+    try:
+        signal.signal(episode.signum, signal.SIG_DFL)
+    except ValueError:  # not on the main thread: the process exits as it was about to
+        return
+    os.kill(os.getpid(), episode.signum)
+
+
+def _install_handler() -> None:
+    """Install the shared handler over default handlers (main thread only)."""
+    for signum in SIGNAL_STATUS:
+        current = signal.getsignal(signum)
+        if current is _on_signal:
+            continue  # an earlier run installed it; what it replaced is recorded
+        if current in (signal.SIG_DFL, signal.default_int_handler):
+            _previous[signum] = current
+            signal.signal(signum, _on_signal)
+
+
+def _restore_if_idle() -> None:
+    """Put the previous handlers back once no run needs ours (main thread only)."""
+    if any(hooks._live_run for hooks in list(_live)):
+        return
+    if _episode is not None and not _episode.chained:
+        return  # the signal being handled must still chain through ours
+    for signum, previous in _previous.items():
+        if signal.getsignal(signum) is _on_signal:
+            signal.signal(signum, previous)
+
+
+def _forget(hooks: ShutdownHooks) -> None:
+    try:
+        _live.remove(hooks)
+    except ValueError:
+        pass
+
+
+def _after_fork_in_child() -> None:
+    global _episode, _exiting
+    # The parent's finisher threads do not exist in the child: it handles its own signals afresh.
+    _episode = None
+    _exiting = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
