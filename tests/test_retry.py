@@ -29,6 +29,8 @@ from prime_traces._retry import (
     upload_retrying,
 )
 
+from _sync import NotedWaitEvent
+
 NOW = 1_750_000_000.0
 
 
@@ -259,27 +261,15 @@ def test_cancel_during_a_wait_stops_without_another_attempt():
     assert waited == [1.0]
 
 
-class WaitSignallingEvent(threading.Event):
-    """An Event that reports, through ``in_wait``, that someone has started waiting on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.in_wait = threading.Event()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.in_wait.set()
-        return super().wait(timeout)
-
-
 def test_default_sleep_is_cut_short_by_cancel():
-    cancel = WaitSignallingEvent()
+    cancel = NotedWaitEvent()
     first = _busy(retry_after=60.0)
     flaky = Flaky(first, _busy())
 
     def cancel_once_waiting() -> None:
         # Setting the event before the wait began would stop the retries
         # without ever interrupting a sleep.
-        cancel.in_wait.wait()
+        cancel.waiting.wait()
         cancel.set()
 
     helper = threading.Thread(target=cancel_once_waiting)
@@ -289,9 +279,9 @@ def test_default_sleep_is_cut_short_by_cancel():
         with pytest.raises(RetryableAPIError) as info:
             upload_retrying(cancel=cancel)(flaky)
         elapsed = time.monotonic() - started
-        waited_on_cancel = cancel.in_wait.is_set()
+        waited_on_cancel = cancel.waiting.is_set()
     finally:
-        cancel.in_wait.set()  # frees the helper if the sleep never waited on the event
+        cancel.waiting.set()  # frees the helper if the sleep never waited on the event
         helper.join(timeout=5)
     assert waited_on_cancel
     assert elapsed < 30  # far below the 60 s Retry-After

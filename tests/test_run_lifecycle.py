@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from _fork import in_child
+from _sync import NotedWaitEvent
 
 import prime_runs
 from prime_runs import Run
@@ -186,22 +187,10 @@ def test_a_second_run_in_the_same_process_is_a_new_run(service):
     assert get_run(service, first.id)["episode_count"] == 0
 
 
-class _NotedWait(threading.Event):
-    """An Event that notes when a thread starts waiting on it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waiting.set()
-        return super().wait(timeout)
-
-
 def test_finish_from_two_threads_records_one_status(service, gate, caplog):
     run = online(service)
     # Only a finish() that lost the race for the finish lock waits on this event.
-    run._finished = _NotedWait()
+    run._finished = NotedWaitEvent()
     assert run.log_episodes(episodes("e", 5))
     assert gate.entered.wait(GATE_TIMEOUT_S)  # the first finish will wait in flush
     done = {s: threading.Event() for s in ("completed", "failed")}
