@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -151,6 +152,7 @@ def _online(settings: Any, ranks: Any, tags: list[str] | None, meter: SizeMeter,
     worker = UploadWorker([sink], **worker_options)
     run = Run(run_id=run_id, url=url, worker=worker, lifecycle=lifecycle, owner=ranks.owner, **common)
     worker.on_error = run._note_error
-    worker.tick = run.send_updates
+    # The worker thread runs the update: a stalled answer must not hold its uploads for long.
+    worker.tick = functools.partial(run.send_updates, timeout_s=UPDATE_INTERVAL_S)
     worker.tick_interval_s = UPDATE_INTERVAL_S
     return run

@@ -239,14 +239,22 @@ class Run:
 
         def send() -> None:
             try:
-                if not self._patch_lock.acquire(timeout=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic())):
-                    raise TimeoutError("an earlier update to the run is still waiting for an answer")
+                # An update still waiting for its answer holds the lock: wait for it
+                # half the time left, then send the status alone, which carries
+                # nothing that update could overwrite.
+                locked = self._patch_lock.acquire(timeout=max(0.0, (deadline - time.monotonic()) / 2))
                 try:
-                    config, summary = self._snapshot(everything=True)
+                    if locked:
+                        config, summary = self._snapshot(everything=True)
+                    else:
+                        config = summary = None
+                        logger.warning("run %s: an earlier update is still waiting for an answer; "
+                                       "sending status %r without the latest config and summary", self.id, status)  # fmt: skip
                     lifecycle.update(self.id, config=config, summary=summary, status=status, error=error,
                                      timeout_s=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()))  # fmt: skip
                 finally:
-                    self._patch_lock.release()
+                    if locked:
+                        self._patch_lock.release()
             except Exception as err:  # noqa: BLE001  (finish must return, whatever the service does)
                 logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
             finally:

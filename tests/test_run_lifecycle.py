@@ -73,6 +73,34 @@ class _TricklingServer:
                 conn.sendall(b" ")
 
 
+def test_a_stalled_update_does_not_keep_the_status_from_being_recorded(service):
+    run = online(service)
+    real_update = run._lifecycle.update
+    stalled, release = threading.Event(), threading.Event()
+
+    def update(run_id, **fields):
+        if fields.get("status") is None:  # the periodic update: its answer never comes
+            stalled.set()
+            release.wait(GATE_TIMEOUT_S)
+            raise TimeoutError("no answer")
+        return real_update(run_id, **fields)
+
+    run._lifecycle.update = update
+    run.log({"loss": 0.5})
+    ticker = threading.Thread(target=run.send_updates)
+    ticker.start()
+    try:
+        assert stalled.wait(GATE_TIMEOUT_S)
+        started = time.monotonic()
+        run.finish(timeout_s=2.0)
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        ticker.join(GATE_TIMEOUT_S)
+    assert elapsed < 4.0
+    assert get_run(service, run.id)["status"] == "completed"
+
+
 def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     run = online(service)
     assert run.log_episodes(episodes("e", 2)) and run.flush(FLUSH_TIMEOUT_S)
