@@ -11,16 +11,26 @@ own handler is left alone). Sharing it means a run finished off the main
 thread (where handlers cannot be restored) leaves nothing stale behind: the
 next run simply joins the handler that is already there.
 
-The handler never waits. It interrupts the main thread wherever it was,
-possibly holding a lock that finishing needs (the record queue's, the
-accounting's, logging's), and that lock is released only once the handler
-returns. So it starts finishing every live run on helper threads and returns;
-when they are finished, or their bounded time is up, the signal is delivered
-to the main thread again and the handler chains to the previous handler, so a
-SIGTERM still ends the process by that signal and a SIGINT still raises
-``KeyboardInterrupt``. If the main thread reaches exit first, an exit hook
-waits for the finishing (bounded) and ends the process by the signal. A
-second signal while the runs are being finished chains at once.
+The handler interrupts the main thread wherever it was, possibly holding a
+lock that finishing needs (the record queue's, the accounting's, logging's,
+threading's, an import's) until the handler returns. So it looks at the
+interrupted stack. With no frame of this package, ``threading``, ``logging``
+or the import system, it finishes every live run on helper threads, waits for
+them (bounded) and chains to the previous handler: a SIGTERM ends the process
+by that signal and a SIGINT raises ``KeyboardInterrupt`` before training can
+go on into a long native call (a collective whose peers died of the same
+SIGTERM) that would hold the signal off. With such a frame it starts the
+finishing and returns; once the runs are finished, or their bounded time is
+up, the signal is delivered to the main thread again and the handler chains.
+Should that go unhandled for a few seconds (a native call), a SIGTERM with
+the default action behind ours ends the process with ``os._exit(128 + 15)``.
+
+Called by a framework's handler that wraps ours, it always waits: a signal
+delivered again would run the wrapper twice. If the main thread reaches exit
+before the signal is chained, an exit hook waits for the finishing (bounded)
+and ends the process by the signal; so does the exit finish of a run that the
+signal interrupted. A second signal while the runs are being finished chains
+at once.
 """
 
 from __future__ import annotations
@@ -43,6 +53,14 @@ SIGNAL_STATUS = {signal.SIGTERM: "crashed", signal.SIGINT: "cancelled"}
 # Past the longest finish timeout, the signal is chained anyway: finish() returns
 # within its timeout plus about a second, so this only bounds a hung finish.
 _HARD_MARGIN_S = 2.0
+# On the deferred path: how long the signal delivered again may go unhandled (the
+# main thread in a native call) before a SIGTERM ends the process from the helper.
+_CHAIN_GRACE_S = 2.0
+
+# Code that may hold a lock finishing needs, were the handler to interrupt it.
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_THREADING_FILE = os.path.realpath(threading.__file__)
+_LOGGING_DIR = os.path.dirname(os.path.realpath(logging.__file__)) + os.sep
 
 # State shared by the handler and the hooks, with no lock: the handler may
 # interrupt the main thread anywhere, this module included, so it could never
@@ -128,18 +146,24 @@ class ShutdownHooks:
             # to the finish (its status, not "crashed", is the one to record).
             episode.wait()
         self._finish("crashed")
+        # A signal that came during this finish registered its exit hook while the
+        # hooks were running (Python 3.11 never calls such a hook): end by it here.
+        _end_by_signal_at_exit()
 
 
 class _Episode:
     """One signal being handled: the runs it finishes on helper threads, within a bound."""
 
-    def __init__(self, signum: int, runs: list[ShutdownHooks]) -> None:
+    def __init__(self, signum: int, runs: list[ShutdownHooks], *, deliver_again: bool) -> None:
         self.signum = signum
         self.status = SIGNAL_STATUS.get(signal.Signals(signum), "crashed")
         self.runs = runs
         self.deadline = time.monotonic() + max(r._timeout_s for r in runs) + _HARD_MARGIN_S
         self.done = threading.Event()
         self.chained = False
+        # The handler returned at once: the helper delivers the signal again once
+        # the runs are finished. Otherwise the handler waits and chains itself.
+        self.deliver_again = deliver_again
 
     def start(self) -> bool:
         # A raw thread: threading.Thread.start() takes the threading module's
@@ -167,15 +191,34 @@ class _Episode:
                 finisher.join(max(0.0, self.deadline - time.monotonic()))
         finally:
             self.done.set()
-            if not self.chained and not _exiting:
+            if self.deliver_again and not self.chained and not _exiting:
                 _deliver_again(self.signum)
+                self._end_if_unhandled()
+
+    def _end_if_unhandled(self) -> None:
+        # The main thread runs the handler only between Python instructions: a
+        # native call can hold the signal off for minutes. A SIGTERM meant to end
+        # the process (the default action behind ours) ends it from here; a SIGINT
+        # waits, as without us, for the main thread to get back to Python.
+        if self.signum != signal.SIGTERM or _previous.get(self.signum) is not signal.SIG_DFL:
+            return
+        limit = time.monotonic() + _CHAIN_GRACE_S
+        # Polled rather than an Event: the handler sets ``chained``, and a signal
+        # handler must take no lock (it may have interrupted that lock's holder).
+        while not self.chained and not _exiting and time.monotonic() < limit:
+            time.sleep(0.05)
+        if self.chained or _exiting or signal.getsignal(self.signum) is not _on_signal:
+            return
+        _warn_bounded("the main thread did not handle %s within %.0f s of finishing the runs (in a native "
+                      "call?): ending the process", signal.Signals(self.signum).name, _CHAIN_GRACE_S)  # fmt: skip
+        os._exit(128 + self.signum)
 
     def wait(self) -> None:
         self.done.wait(max(0.0, self.deadline - time.monotonic()) + 0.5)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    """The handler of every run: finish them on helper threads and return; chain once they are done."""
+    """The handler of every run: finish them on helper threads; chain once they are done."""
     global _episode
     if _exiting:
         return  # the exit hook waits for the runs, then ends the process by the signal
@@ -192,15 +235,43 @@ def _on_signal(signum: int, frame: Any) -> None:
     if not runs:
         _chain(signum, frame)
         return
-    episode = _Episode(signum, runs)
+    # A wrapper that called ours (it is not the installed handler) would run
+    # again on a signal delivered again: wait here even under a lock (bounded).
+    wait = signal.getsignal(signum) is not _on_signal or not _may_hold_a_lock(frame)
+    episode = _Episode(signum, runs, deliver_again=not wait)
     _episode = episode
     # Last registered, so first to run: if the main thread gets to exit before
-    # the signal is delivered again, the process still ends by the signal.
+    # the signal is chained, the process still ends by the signal.
     atexit.unregister(_end_by_signal_at_exit)
     atexit.register(_end_by_signal_at_exit)
-    if not episode.start():
+    started = episode.start()
+    if started and not wait:
+        return  # the helper delivers the signal again once the runs are finished
+    if started:
+        try:
+            episode.wait()
+        except BaseException:
+            # Another signal chained during the wait (SIGINT: KeyboardInterrupt):
+            # this one is left to the helper, or to the exit hook if it is done.
+            episode.deliver_again = True
+            raise
+    if not episode.chained:  # a second one of this signal during the wait chained it
         episode.chained = True
         _chain(signum, frame)
+
+
+def _may_hold_a_lock(frame: Any) -> bool:
+    """Whether the interrupted stack runs code that may hold a lock finishing needs."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith("<frozen importlib"):
+            return True  # a module being imported stays locked until it is imported
+        if not filename.startswith("<"):
+            path = os.path.realpath(filename)  # the package may be reached through a symlink
+            if path == _THREADING_FILE or path.startswith((_PACKAGE_DIR, _LOGGING_DIR)):
+                return True
+        frame = frame.f_back
+    return False
 
 
 def _chain(signum: int, frame: Any) -> None:
@@ -221,6 +292,23 @@ def _deliver_again(signum: int) -> None:
         signal.pthread_kill(threading.main_thread().ident or 0, signum)
     except (OSError, ValueError):
         os.kill(os.getpid(), signum)
+
+
+def _warn_bounded(message: str, *args: Any) -> None:
+    # Logged on a raw thread and waited for a second at most: the stuck main
+    # thread may hold a logging lock, and the process must end regardless.
+    logged = _thread.allocate_lock()
+    logged.acquire()
+
+    def warn() -> None:
+        logger.warning(message, *args)  # logging reports its own errors
+        logged.release()
+
+    try:
+        _thread.start_new_thread(warn, ())
+        logged.acquire(timeout=1.0)
+    except RuntimeError:  # no new threads (the interpreter is shutting down)
+        pass
 
 
 def _end_by_signal_at_exit() -> None:
