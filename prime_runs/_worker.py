@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +21,7 @@ from prime_runs._queue import (
 )
 from prime_runs._sink import Ledger, Sink, SinkStatus
 from prime_runs.errors import SinkError
+from prime_traces._pool import call_in_forked_child
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +93,7 @@ class UploadWorker:
         self.tick_interval_s = tick_interval_s
         self.name = name
         self._setup()
-        method = weakref.WeakMethod(self._setup)
-        os.register_at_fork(after_in_child=lambda: (m := method()) is not None and m())
+        call_in_forked_child(self._setup)
 
     def _setup(self) -> None:
         # Also the after-fork hook: a child gets an empty queue, fresh locks and

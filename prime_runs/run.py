@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
 from prime_runs._shutdown import ShutdownHooks
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
+from prime_traces._pool import call_in_forked_child
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ class Run:
         self._hooks = ShutdownHooks(self._finish_from_hook, handle_signals=handle_signals, timeout_s=finish_timeout_s)
         if mode != "disabled":
             self._hooks.install()
-        method = weakref.WeakMethod(self._after_fork_in_child)
-        os.register_at_fork(after_in_child=lambda: (m := method()) is not None and m())
+        call_in_forked_child(self._after_fork_in_child)
 
     def __repr__(self) -> str:
         return f"Run(id={self.id!r}, name={self.name!r}, mode={self.mode!r}, status={self.status!r})"

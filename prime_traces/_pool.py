@@ -27,6 +27,21 @@ _SHUTDOWN = object()
 _pool_ids = itertools.count(1)
 
 
+def call_in_forked_child(method: Callable[[], Any]) -> None:
+    """Run the bound ``method`` in every child this process forks, while its object lives.
+
+    Held through a ``weakref.WeakMethod``: the hook never keeps the object alive.
+    """
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def after_fork_in_child() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+
+
 class DaemonPool:
     """Run callables on up to ``max_workers`` daemon threads.
 
@@ -50,14 +65,7 @@ class DaemonPool:
         self._name = f"{name}-{next(_pool_ids)}"
         self._lock = threading.Lock()
         self._reset()
-        method = weakref.WeakMethod(self._reset)
-
-        def after_fork_in_child() -> None:
-            reset = method()
-            if reset is not None:
-                reset()
-
-        os.register_at_fork(after_in_child=after_fork_in_child)
+        call_in_forked_child(self._reset)
 
     def _reset(self) -> None:
         # In a forked child the parent's threads do not exist and its lock may

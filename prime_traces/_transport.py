@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from prime_traces._config import (
     ClientConfig,
     default_headers,
 )
+from prime_traces._pool import call_in_forked_child
 from prime_traces._retry import parse_retry_after
 from prime_traces.errors import (
     APIError,
@@ -117,14 +117,7 @@ class Transport:
         # threads that have ended can be found and closed (see _sweep).
         self._sessions: dict[requests.Session, threading.Thread] = {}
         self._pid = os.getpid()
-        method = weakref.WeakMethod(self._new_lock_in_child)
-
-        def after_fork_in_child() -> None:
-            new_lock = method()
-            if new_lock is not None:
-                new_lock()
-
-        os.register_at_fork(after_in_child=after_fork_in_child)
+        call_in_forked_child(self._new_lock_in_child)
 
     def __repr__(self) -> str:
         return f"Transport(base_url={self.config.base_url!r})"
