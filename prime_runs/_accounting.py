@@ -4,7 +4,8 @@ The identity the tests check after ``finish()``, per sink:
 ``submitted = stored + dropped + failed + spooled``. ``dropped`` counts
 records refused at the queue (they reach no sink); ``failed`` is keyed by
 reason (``invalid_record``, ``rejected:<code>``, ``transient``,
-``sink_retired``, ``deadline``...).
+``sink_retired``, ``deadline``...); ``spooled`` counts what was written to the
+run directory instead of the service, by why (``transient``, ``deadline``...).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class SinkCounts:
 
     stored: int = 0
     failed: Counter[str] = field(default_factory=Counter)
-    spooled: int = 0
+    #: Records written to the run directory for ``prime-runs sync``, by why they were not delivered.
+    spooled: Counter[str] = field(default_factory=Counter)
     bytes_sent: int = 0
 
     @property
@@ -68,9 +70,10 @@ class Accounting:
             with self._lock:
                 self.sinks[sink].failed[reason] += records
 
-    def count_spooled(self, sink: str, records: int) -> None:
-        with self._lock:
-            self.sinks[sink].spooled += records
+    def count_spooled(self, sink: str, records: int, reason: str) -> None:
+        if records:
+            with self._lock:
+                self.sinks[sink].spooled[reason] += records
 
     @property
     def dropped_total(self) -> int:
@@ -93,7 +96,8 @@ class Accounting:
                     name: {
                         "stored": c.stored,
                         "failed": dict(c.failed),
-                        "spooled": c.spooled,
+                        "spooled": sum(c.spooled.values()),
+                        "spooled_reasons": dict(c.spooled),
                         "bytes_sent": c.bytes_sent,
                     }
                     for name, c in self.sinks.items()
@@ -106,4 +110,5 @@ class Accounting:
         """``submitted - (stored + dropped + failed + spooled)`` for ``sink``: 0 when all is known."""
         with self._lock:
             c = self.sinks[sink]
-            return self.submitted - (c.stored + sum(self.dropped.values()) + c.failed_total + c.spooled)
+            spooled = sum(c.spooled.values())
+            return self.submitted - (c.stored + sum(self.dropped.values()) + c.failed_total + spooled)

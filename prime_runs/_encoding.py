@@ -10,7 +10,7 @@ as it needs them, so a backlog is never held twice in memory.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from prime_runs._sink import Ledger
 from prime_traces import MAX_LINE_BYTES
 from prime_traces._batching import LineParts, line_size
 from prime_traces._encode import encode_record_parts
+from prime_traces._lines import LineError
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +92,10 @@ def as_mapping(record: Any, index: int) -> Mapping[str, Any]:
 class EncodedWrite:
     """The lines of one write, encoded one at a time as they are pulled.
 
-    A record that cannot be encoded is counted failed in the ledger (it loses
-    only itself) and skipped. ``line_records[j]`` is the record index of the
+    A record that cannot be encoded (or, with ``check``, breaks a line rule)
+    is reported rejected in the ledger (it loses only itself) and skipped.
+    ``indexes[i]`` is the index in the ledger's write of ``records[i]``
+    (default ``i``); ``line_records[j]`` is the position in ``records`` of the
     ``j``-th line produced, so a sink can map a rejected line back.
     """
 
@@ -103,39 +106,51 @@ class EncodedWrite:
         stamp: RunStamp | None,
         meter: SizeMeter | None,
         ledger: Ledger,
+        *,
+        indexes: Sequence[int] | None = None,
+        check: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.records = records
         self.line_format = line_format
         self.stamp = stamp
         self.meter = meter
         self.ledger = ledger
+        self.indexes = indexes
+        self.check = check
         self.line_records: list[int] = []
         self.errors: list[tuple[int, str]] = []
 
     def __iter__(self) -> Iterator[bytes | LineParts]:
-        for index, record in enumerate(self.records):
+        for position, record in enumerate(self.records):
+            index = position if self.indexes is None else self.indexes[position]
             try:
                 mapping = as_mapping(record, index)
                 if self.stamp is not None:
                     mapping = self.stamp.apply(mapping, self.line_format)
+                if self.check is not None:
+                    self.check(mapping)
                 line = encode_record_parts(mapping, index)
+            except LineError as err:
+                self._invalid(position, f"rejected:{err.code}", f"record {index}: {err.message}")
+                continue
             except Exception as err:  # noqa: BLE001  (a user's to_record() may raise anything)
                 message = str(err) if isinstance(err, (TypeError, ValueError)) else (
                     f"record {index}: {type(err).__name__}: {err}"
                 )
-                self._invalid(index, INVALID_RECORD, message)
+                self._invalid(position, INVALID_RECORD, message)
                 continue
             size = line_size(line)
             if size > MAX_LINE_BYTES:
-                self._invalid(index, RECORD_TOO_LARGE,
+                self._invalid(position, RECORD_TOO_LARGE,
                               f"record {index} is {size} bytes encoded, over {MAX_LINE_BYTES}")  # fmt: skip
                 continue
             if self.meter is not None:
                 self.meter.observe(size + 1)
-            self.line_records.append(index)
+            self.line_records.append(position)
             yield line
 
-    def _invalid(self, index: int, reason: str, message: str) -> None:
-        self.errors.append((index, message))
-        self.ledger.failed(1, reason)
+    def _invalid(self, position: int, reason: str, message: str) -> None:
+        index = position if self.indexes is None else self.indexes[position]
+        self.errors.append((position, message))
+        self.ledger.rejected(index, reason, message)
         logger.debug("record %d not logged: %s", index, message)

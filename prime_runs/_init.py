@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from prime_runs._disk_sink import DiskSink
 from prime_runs._encoding import RunStamp
 from prime_runs._lifecycle import (
     KINDS,
+    RankInfo,
     RunLifecycle,
     describe,
     export_run_id,
@@ -23,7 +24,9 @@ from prime_runs._queue import (
     DEFAULT_MAX_QUEUED_RECORDS,
     SizeMeter,
 )
-from prime_runs._worker import UploadWorker
+from prime_runs._rundir import RunDirectory, check_run_id, runs_root
+from prime_runs._spool import RecordFiles, Spool
+from prime_runs._worker import DEFAULT_SPILL_TIMEOUT_S, UploadWorker
 from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, TracesClient
@@ -34,8 +37,7 @@ from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 logger = logging.getLogger(__name__)
 
 DEFAULT_FINISH_TIMEOUT_S = 60.0
-DEFAULT_DIR = "prime-runs"
-#: How often config and summary changes are sent while the run goes on.
+#: How often config and summary changes are sent (and written to run.json) while the run goes on.
 UPDATE_INTERVAL_S = 10.0
 # A cancelled upload waits this long for requests in flight, inside finish()'s +1 s.
 _ABANDON_AFTER_S = 0.3
@@ -59,27 +61,39 @@ def init(
     max_in_flight: int = 8,
     compression: str = "auto",
     finish_timeout_s: float = DEFAULT_FINISH_TIMEOUT_S,
+    spill_timeout_s: float = DEFAULT_SPILL_TIMEOUT_S,
+    save_local: bool = False,
     handle_signals: bool = True,
 ) -> Run:
     """Start a run and return its :class:`Run`.
 
     ``mode`` is ``"online"`` (the default when an API key or
     ``PRIME_TRACES_URL`` is configured: records go to the Traces service),
-    ``"offline"`` (the default otherwise: records are appended as JSONL under
-    ``dir``, default ``./prime-runs/<run-id>/``) or ``"disabled"`` (every
-    call a no-op). ``PRIME_RUNS_MODE`` overrides the default; the argument
-    overrides both. Online, the run is created on the service, or attached to
-    ``id`` / ``PRIME_RUN_ID``; with ``RANK`` set, only rank 0 creates and
-    finishes it.
+    ``"offline"`` (the default otherwise: the run, records included, is
+    written to its run directory, for ``prime-runs sync`` to upload later)
+    or ``"disabled"`` (every call a no-op). ``PRIME_RUNS_MODE`` overrides the
+    default; the argument overrides both. Online, the run is created on the
+    service, or attached to ``id`` / ``PRIME_RUN_ID``; with ``RANK`` set,
+    only rank 0 creates and finishes it.
+
+    The run directory is ``<dir>/<run-id>/`` (``dir`` defaults to
+    ``PRIME_RUNS_DIR``, else ``./prime-runs``). Online, it is created only
+    when something must be kept: records the service could not take, or
+    did not take by ``finish()``'s deadline (spooled within
+    ``spill_timeout_s`` more), records it refused, and, with
+    ``save_local=True``, a copy of every record logged (under ``local/``).
 
     Raises:
         ValueError: an argument is out of range.
-        PrimeRunsError: online, the run could not be created or attached.
+        PrimeRunsError: a run id cannot name a directory; online, the run
+            could not be created or attached.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     if finish_timeout_s < 0:
         raise ValueError(f"finish_timeout_s must be at least 0, not {finish_timeout_s}")
+    if spill_timeout_s < 0:
+        raise ValueError(f"spill_timeout_s must be at least 0, not {spill_timeout_s}")
     # Everything is checked before anything is created on the service.
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -95,32 +109,49 @@ def init(
     configured = bool(settings.api_key) or settings.base_url != DEFAULT_BASE_URL
     chosen = resolve_mode(mode, online_configured=configured)
     common: dict[str, Any] = dict(
-        name=name, kind=kind, mode=chosen, config=dict(config or {}), on_error=on_error,
+        name=name, kind=kind, mode=chosen, config=dict(config or {}), tags=list(tags or []), on_error=on_error,
         finish_timeout_s=finish_timeout_s, handle_signals=handle_signals,
     )  # fmt: skip
     if chosen == "disabled":
         return Run(run_id=id or "disabled", url=None, worker=None, lifecycle=None, owner=False, **common)
     ranks = rank_info(id)
+    if ranks.run_id is not None:
+        check_run_id(ranks.run_id, "id=" if id else "PRIME_RUN_ID")
     meter = SizeMeter()
     worker_options: dict[str, Any] = dict(
         max_queued_records=max_queued_records, max_queued_bytes=max_queued_bytes, size_meter=meter,
-        write_cap_bytes=max_in_flight * DEFAULT_TARGET_BATCH_BYTES,
+        write_cap_bytes=max_in_flight * DEFAULT_TARGET_BATCH_BYTES, spill_timeout_s=spill_timeout_s,
+        tick_interval_s=UPDATE_INTERVAL_S,
     )  # fmt: skip
+    root = runs_root(dir)
     if chosen == "offline":
-        from prime_runs._offline_sink import OfflineSink
-
-        run_id = ranks.run_id or new_run_id()
-        run_dir = os.fspath(dir) if dir is not None else os.path.join(DEFAULT_DIR, run_id)
-        sink = OfflineSink(run_dir, stamp=RunStamp(run_id, kind), meter=meter)
-        worker = UploadWorker([sink], **worker_options)
-        run = Run(run_id=run_id, url=None, worker=worker, lifecycle=None, owner=ranks.owner, dir=run_dir, **common)
-        worker.on_error = run._note_error
-        return run
-    return _online(settings, ranks, tags, meter, worker_options, common, max_in_flight, compression)
+        return _offline(root, ranks, meter, worker_options, common)
+    return _online(settings, root, ranks, meter, worker_options, common, max_in_flight, compression, save_local)
 
 
-def _online(settings: Any, ranks: Any, tags: list[str] | None, meter: SizeMeter, worker_options: dict[str, Any],
-            common: dict[str, Any], max_in_flight: int, compression: str) -> Run:  # fmt: skip
+def _open_directory(root: str, run_id: str) -> RunDirectory:
+    rundir = RunDirectory(os.path.join(root, run_id))
+    if rundir.exists():
+        rundir.recover()  # a crashed earlier process may have left a torn last entry
+    return rundir
+
+
+def _offline(root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[str, Any],
+             common: dict[str, Any]) -> Run:  # fmt: skip
+    run_id = ranks.run_id or new_run_id()
+    rundir = _open_directory(root, run_id)
+    stamp = RunStamp(run_id, common["kind"])
+    sink = DiskSink(RecordFiles(rundir.path), stamp, meter)
+    worker = UploadWorker([sink], **worker_options)
+    run = Run(run_id=run_id, url=None, worker=worker, lifecycle=None, owner=ranks.owner, rundir=rundir, **common)
+    worker.on_error = run._note_error
+    worker.tick = run._tick
+    run._keep_locally()
+    return run
+
+
+def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[str, Any],
+            common: dict[str, Any], max_in_flight: int, compression: str, save_local: bool) -> Run:  # fmt: skip
     from prime_runs._traces_sink import TracesSink
 
     client = TracesClient(
@@ -133,26 +164,36 @@ def _online(settings: Any, ranks: Any, tags: list[str] | None, meter: SizeMeter,
     if ranks.owner:
         try:
             payload = lifecycle.create(
-                name=common["name"], kind=common["kind"], config=common["config"], tags=tags, run_id=run_id
+                name=common["name"], kind=common["kind"], config=common["config"], tags=common["tags"], run_id=run_id
             )
+            run_id = check_run_id(str(payload.get("id") or run_id), f"the service at {settings.base_url}")
         except Exception as err:
             client.close()
+            if isinstance(err, PrimeRunsError):
+                raise
             raise PrimeRunsError(
                 f"could not create the run on {settings.base_url} ({describe(err)}); check PRIME_API_KEY "
                 "and PRIME_TRACES_URL, or pass mode='offline' to log to disk"
             ) from err
-        run_id = str(payload.get("id") or run_id)
         url = payload.get("url")
         common["name"] = payload.get("name", common["name"])
         # Processes this one starts (other ranks, eval workers) log into the same run.
         export_run_id(run_id)
     assert run_id is not None
+    rundir = _open_directory(root, run_id)
+    stamp = RunStamp(run_id, common["kind"])
     context = {"source": "prime-runs", "run_type": common["kind"]}
-    sink = TracesSink(client, stamp=RunStamp(run_id, common["kind"]), context=context, meter=meter, owns_client=True)
-    worker = UploadWorker([sink], **worker_options)
-    run = Run(run_id=run_id, url=url, worker=worker, lifecycle=lifecycle, owner=ranks.owner, **common)
+    files = RecordFiles(rundir.path)
+    sink = TracesSink(client, stamp=stamp, context=context, meter=meter, owns_client=True, spool=Spool(files, stamp))
+    sinks: list[Any] = [sink]
+    if save_local:
+        sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
+    worker = UploadWorker(sinks, **worker_options)
+    run = Run(run_id=run_id, url=url, worker=worker, lifecycle=lifecycle, owner=ranks.owner, rundir=rundir,
+              service_url=settings.base_url, **common)  # fmt: skip
     worker.on_error = run._note_error
-    # The worker thread runs the update: a stalled answer must not hold its uploads for long.
-    worker.tick = functools.partial(run.send_updates, timeout_s=UPDATE_INTERVAL_S)
-    worker.tick_interval_s = UPDATE_INTERVAL_S
+    worker.tick = run._tick
+    files.on_first_write = run._directory_needed
+    if save_local:
+        run._keep_locally()
     return run

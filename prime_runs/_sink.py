@@ -2,10 +2,16 @@
 
 A sink stores the records of one write somewhere (the Traces service, a
 local directory) and reports, record by record, what became of them into a
-:class:`Ledger`. The ledger is what makes the accounting identity hold even
-at the deadline: once the worker gives up on a write, it closes the ledger,
-the records not yet accounted for are counted with the closing reason, and
-anything the sink reports later is ignored.
+:class:`Ledger`: stored; rejected for its own fault (kept aside on disk,
+never retried); failed for good; or undelivered, when the sink could not
+store it for a reason that is not the record's (the service failed, the
+deadline came). Undelivered records are what the worker spools to the run
+directory, so a later ``prime-runs sync`` uploads them.
+
+The ledger is what makes the accounting identity hold even at the deadline:
+once the worker gives up on a write, it closes the ledger, the records not
+yet accounted for are counted with their reason, and anything the sink
+reports later is ignored.
 """
 
 from __future__ import annotations
@@ -13,10 +19,13 @@ from __future__ import annotations
 import enum
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prime_runs._accounting import Accounting
+
+_OPEN, _SETTLED, _UNDELIVERED = 0, 1, 2
 
 
 class SinkStatus(str, enum.Enum):
@@ -26,53 +35,145 @@ class SinkStatus(str, enum.Enum):
     TRANSIENT = "transient"  # the service failed (after retries): a strike
 
 
+@dataclass(frozen=True)
+class Rejection:
+    """A record refused for its own fault: its index in the write, the reason and the message."""
+
+    index: int
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Undelivered:
+    """Records a sink could not store, not for their own fault; ``batch``: they went out as one upload."""
+
+    indexes: tuple[int, ...]
+    reason: str
+    batch: bool = False
+
+
 class Ledger:
-    """Per write and sink: counts ``stored`` and ``failed`` until closed. Thread-safe."""
+    """Per write and sink: the fate of each record (by its index in the write), until closed. Thread-safe."""
 
     def __init__(self, accounting: Accounting, sink: str, records: int) -> None:
         self._accounting = accounting
         self.sink = sink
+        self.records = records
+        #: Records not yet stored, rejected, failed or spooled.
         self.remaining = records
         #: What this write lost in this sink, by reason (for error reporting).
         self.failures: Counter[str] = Counter()
+        #: Records refused for their own fault, to be kept aside.
+        self.rejections: list[Rejection] = []
+        self._undelivered: list[Undelivered] = []
+        self._state = bytearray(records)
         self._lock = threading.Lock()
         self._closed = False
 
-    def _take(self, records: int) -> int:
+    def _settle(self, indexes: Iterable[int], accept: tuple[int, ...] = (_OPEN,)) -> list[int]:
+        # Under the lock: the indexes that were in one of ``accept``, now settled.
+        taken = []
+        if self._closed:
+            return taken
+        state = self._state
+        for index in indexes:
+            if 0 <= index < self.records and state[index] in accept:
+                state[index] = _SETTLED
+                taken.append(index)
+        self.remaining -= len(taken)
+        return taken
+
+    def stored(self, indexes: Iterable[int], bytes_sent: int = 0) -> None:
+        with self._lock:
+            taken = self._settle(indexes)
+        if taken:
+            self._accounting.count_stored(self.sink, len(taken), bytes_sent)
+
+    def failed(self, indexes: Iterable[int], reason: str) -> None:
+        """Lost for good (there is nowhere to keep them)."""
+        with self._lock:
+            taken = self._settle(indexes, (_OPEN, _UNDELIVERED))
+            if taken:
+                self.failures[reason] += len(taken)
+        if taken:
+            self._accounting.count_failed(self.sink, len(taken), reason)
+
+    def rejected(self, index: int, reason: str, message: str) -> None:
+        """Refused for its own fault (invalid, or refused by the service): counted failed, kept aside."""
+        with self._lock:
+            taken = self._settle((index,))
+            if taken:
+                self.failures[reason] += 1
+                self.rejections.append(Rejection(index, reason, message))
+        if taken:
+            self._accounting.count_failed(self.sink, 1, reason)
+
+    def undelivered(self, indexes: Iterable[int], reason: str, *, batch: bool = False) -> None:
+        """Not stored, not for the records' fault: to be spooled (or failed with ``reason``)."""
+        with self._lock:
+            if self._closed:
+                return
+            marked = []
+            for index in indexes:
+                if 0 <= index < self.records and self._state[index] == _OPEN:
+                    self._state[index] = _UNDELIVERED
+                    marked.append(index)
+            if marked:
+                self._undelivered.append(Undelivered(tuple(marked), reason, batch))
+
+    def spooled(self, indexes: Iterable[int], reason: str) -> None:
+        """Written to the run directory, for ``prime-runs sync`` to upload; ``reason`` says why."""
+        with self._lock:
+            taken = self._settle(indexes, (_OPEN, _UNDELIVERED))
+        if taken:
+            self._accounting.count_spooled(self.sink, len(taken), reason)
+
+    def take_rejections(self) -> list[Rejection]:
+        """The rejections not taken yet (each is handed out once)."""
+        with self._lock:
+            taken, self.rejections = self.rejections, []
+            return taken
+
+    def take_undelivered(self, reason: str) -> list[Undelivered]:
+        """What is left to spool: what the sink marked undelivered, then every open record (as ``reason``)."""
+        with self._lock:
+            if self._closed:
+                return []
+            left = []
+            for group in self._undelivered:
+                still = tuple(i for i in group.indexes if self._state[i] == _UNDELIVERED)
+                if still:
+                    left.append(Undelivered(still, group.reason, group.batch and still == group.indexes))
+            opened = tuple(i for i in range(self.records) if self._state[i] == _OPEN)
+            if opened:
+                left.append(Undelivered(opened, reason))
+            return left
+
+    def close(self, reason: str, *, keep_reasons: bool = True) -> int:
+        """Count every record not yet accounted for as failed, and ignore later reports.
+
+        Undelivered records keep the reason they were marked with, unless
+        ``keep_reasons`` is false; the others get ``reason``.
+        """
         with self._lock:
             if self._closed:
                 return 0
-            records = min(records, self.remaining)
-            self.remaining -= records
-            return records
-
-    def stored(self, records: int, bytes_sent: int = 0) -> None:
-        taken = self._take(records)
-        if taken:
-            self._accounting.count_stored(self.sink, taken, bytes_sent)
-
-    def failed(self, records: int, reason: str) -> None:
-        taken = self._take(records)
-        if taken:
-            self.failures[reason] += taken
-            self._accounting.count_failed(self.sink, taken, reason)
-
-    def spooled(self, records: int) -> None:
-        taken = self._take(records)
-        if taken:
-            self._accounting.count_spooled(self.sink, taken)
-
-    def close(self, reason: str) -> int:
-        """Count every record not yet accounted for as failed with ``reason``; ignore later reports."""
-        with self._lock:
-            if self._closed:
-                return 0
+            lost: Counter[str] = Counter()
+            if keep_reasons:
+                for group in self._undelivered:
+                    for index in group.indexes:
+                        if self._state[index] == _UNDELIVERED:
+                            self._state[index] = _SETTLED
+                            lost[group.reason] += 1
+            lost[reason] += self.records - self._state.count(_SETTLED)
             self._closed = True
-            left, self.remaining = self.remaining, 0
-            if left:
-                self.failures[reason] += left
-        self._accounting.count_failed(self.sink, left, reason)
-        return left
+            self.remaining = 0
+            lost = +lost
+            self.failures.update(lost)
+        for why, count in lost.items():
+            self._accounting.count_failed(self.sink, count, why)
+        return sum(lost.values())
 
     @property
     def closed(self) -> bool:
@@ -91,10 +192,10 @@ class Sink(Protocol):
         ledger: Ledger,
         cancel: threading.Event,
     ) -> SinkStatus:
-        """Store ``records``, reporting each one into ``ledger``.
+        """Store ``records``, reporting each one (by its index) into ``ledger``.
 
         Must return promptly once ``cancel`` is set (the deadline has come);
-        records it could not store by then are left for the ledger to close.
+        records it could not store by then are left for the worker to spool.
         """
         ...
 

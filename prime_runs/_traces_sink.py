@@ -8,14 +8,14 @@ that still need it, re-encoded from the caller's objects. Encoding is
 deterministic, so a resent record is byte-identical. Records of a committed
 batch are never sent again.
 
-How a refused batch is handled:
+What becomes of the records of a refused or failed upload:
 
-- The service names the line (contract §9): that record fails as
-  ``rejected:<code>``. The other records of its batch, and the records never
-  sent, are uploaded again.
+- The service names the line (contract §9): that record is rejected as
+  ``rejected:<code>`` (and set aside). The other records of its batch, and
+  the records never sent, are uploaded again.
 - The service names no line: the batch is bisected. Each half is uploaded in
   its own ``upload_lines`` call, recursively, until the bad records are
-  isolated. A single record refused is that record's failure. This takes
+  isolated. A single record refused is that record's rejection. This takes
   about ``2 * log2(n)`` extra requests per bad record, and at most ``2n - 1``
   for a batch of ``n``. Size refusals (``upload_too_large``,
   ``too_many_traces_in_upload``) are bisected even when a line is named,
@@ -23,18 +23,22 @@ How a refused batch is handled:
 - The refusal is about the sink, not the records (401, 402, 403, 404, 409 or
   any other 4xx but 400/413/422, or a 400 about the request itself such as
   ``invalid_metadata``): every later request would be refused the same way.
-  The write's records not yet accounted for fail as ``rejected:<code>`` and
-  the write returns ``TRANSIENT``, so three such writes in a row retire the
-  sink. Going on would spend a request per record and store nothing.
+  The write's records not yet accounted for are left undelivered as
+  ``refused:<code>``, and the write returns ``TRANSIENT``, so three such
+  writes in a row retire the sink. Going on would spend a request per record
+  and store nothing.
 - A batch that failed after the client's retries (429/5xx, transport
-  errors) fails as ``transient``, and the write returns ``TRANSIENT`` (a
-  strike). Records held back only by that failure are still uploaded. After
-  ``max_transient_failures`` uploads in a row fail that way, the rest of the
-  write also fails as ``transient`` without being sent, so an outage costs
-  a bounded number of retry cycles per write.
-- Once ``cancel`` is set (the worker's deadline), nothing new is sent. Records
-  whose fate is unknown (abandoned in flight, retries cut short, never sent)
-  are left unaccounted, and the worker closes the ledger with ``deadline``.
+  errors) is left undelivered as ``transient``, as one batch (it may have
+  been stored: a sync sends the same bytes, which the service replays), and
+  the write returns ``TRANSIENT`` (a strike). Records held back only by that
+  failure are still uploaded. After ``max_transient_failures`` uploads in a
+  row fail that way, the rest of the write is left undelivered without being
+  sent, so an outage costs a bounded number of retry cycles per write.
+- Once ``cancel`` is set (the worker's deadline), nothing new is sent.
+  Batches in flight are left undelivered as ``deadline`` batches; records
+  never sent are left open.
+
+The worker spools what is left undelivered or open to the run directory.
 """
 
 from __future__ import annotations
@@ -48,11 +52,13 @@ from typing import Any
 
 from prime_runs._encoding import EncodedWrite, RunStamp
 from prime_runs._queue import SizeMeter
+from prime_runs._outcomes import SINK, SIZE_CODES, describe, fault_of, refusal_reason, rejection_reason
 from prime_runs._sink import Ledger, SinkStatus
+from prime_runs._spool import Spool
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
 from prime_traces._report import BatchOutcome, BatchStatus, UploadReport
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
-from prime_traces.errors import APIError, RetryableAPIError, UploadError
+from prime_traces.errors import UploadError
 
 logger = logging.getLogger(__name__)
 
@@ -60,31 +66,21 @@ DEFAULT_MAX_TRANSIENT_FAILURES = 3
 #: At most one warning about records not stored per this many seconds; the rest go to debug.
 WARNING_INTERVAL_S = 60.0
 TRANSIENT = "transient"
+#: Sent, but the deadline came before the answer (or before the retries ended).
+DEADLINE = "deadline"
 SINK_ERROR = "sink_error"
 
-# A 400 with one of these codes is about the request, not a record: no subset
-# of the records would be accepted, so bisecting would only multiply requests.
-_REQUEST_CODES = frozenset(
-    {"invalid_metadata", "unsupported_schema_version", "invalid_idempotency_key",
-     "digest_mismatch", "malformed_encoding"}
-)  # fmt: skip
-# A refusal for the request's size names the line where the limit was crossed,
-# but that record is not at fault. Halving the batch cures it.
-_SIZE_CODES = frozenset({"upload_too_large", "too_many_traces_in_upload"})
-# Statuses that are about the content of the request (413/422 are not in the
-# contract, but a proxy may send them for an oversized or odd body).
-_CONTENT_STATUSES = frozenset({400, 413, 422})
 
 
 class TracesSink:
     """Uploads each write to the Traces service, accounting for every record.
 
     ``write`` runs on the worker thread. It blocks while it uploads, and
-    returns promptly once ``cancel`` is set. It reports each record exactly
-    once into the ledger: ``stored`` as its batch commits, or ``failed`` with
-    ``invalid_record``, ``rejected:<code>`` or ``transient``. Records whose
-    fate is unknown at cancellation are left for the ledger's close. Not
-    thread-safe: one worker drives it. A client passed with
+    returns promptly once ``cancel`` is set. It reports each record at most
+    once into the ledger: ``stored`` as its batch commits, ``rejected`` with
+    ``invalid_record`` or ``rejected:<code>``, or ``undelivered`` (``transient``,
+    ``refused:<code>``, ``deadline``) for the worker to spool to ``spool``.
+    Not thread-safe: one worker drives it. A client passed with
     ``owns_client=True`` is closed by :meth:`close`.
 
     Usage::
@@ -108,6 +104,7 @@ class TracesSink:
         target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
         max_transient_failures: int = DEFAULT_MAX_TRANSIENT_FAILURES,
         owns_client: bool = False,
+        spool: Spool | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
@@ -128,6 +125,8 @@ class TracesSink:
         self.max_attempts = max_attempts
         self.target_batch_bytes = target_batch_bytes
         self.max_transient_failures = max_transient_failures
+        #: Where the worker keeps what this sink could not deliver (and what the service refused).
+        self.spool = spool
         self.owns_client = owns_client
         self._warned_at: float | None = None
         self._suppressed = 0
@@ -144,6 +143,8 @@ class TracesSink:
     def close(self) -> None:
         if self.owns_client:
             self.client.close()
+        if self.spool is not None:
+            self.spool.close()
 
     def _warn_failures(
         self, records: int, failures: collections.Counter[str], sample: str | None
@@ -165,7 +166,7 @@ class TracesSink:
                 self._suppressed = 0
         reasons = ", ".join(f"{r}: {n}" for r, n in failures.items())
         first = f"; first: {sample}" if sample else ""
-        logger.log(level, "traces sink: %d of %d records not stored (%s)%s%s",
+        logger.log(level, "traces sink: %d of %d records not delivered (%s)%s%s",
                    sum(failures.values()), records, reasons, first, suppressed)  # fmt: skip
 
 
@@ -190,7 +191,7 @@ class _SinkWrite:
     def run(self) -> SinkStatus:
         while self.groups and not self.cancel.is_set():
             if self.transient_in_row >= self.sink.max_transient_failures:
-                self._fail(sum(len(g) for g in self.groups), TRANSIENT)
+                self._undeliver([i for g in self.groups for i in g], TRANSIENT)
                 self.groups.clear()
                 break
             group = self.groups.popleft()
@@ -200,13 +201,19 @@ class _SinkWrite:
             self.sink._warn_failures(len(self.records), self.failures, self.sample)
         return self.status
 
-    def _fail(self, count: int, reason: str, detail: str | None = None) -> None:
-        if count <= 0:
+    def _reject(self, index: int, reason: str, detail: str) -> None:
+        self.ledger.rejected(index, reason, detail)
+        self.failures[reason] += 1
+        self.sample = self.sample or detail
+
+    def _undeliver(self, indexes: list[int], reason: str, detail: str | None = None, *, batch: bool = False) -> None:
+        # Not the records' fault: the worker spools them for ``prime-runs sync``.
+        if not indexes:
             return
-        self.ledger.failed(count, reason)
-        self.failures[reason] += count
-        if self.sample is None and detail:
-            self.sample = detail
+        self.ledger.undelivered(indexes, reason, batch=batch)
+        self.failures[reason] += len(indexes)
+        if detail:
+            self.sample = self.sample or detail
 
     def _strike(self, reason: str) -> None:
         self.status = SinkStatus.TRANSIENT
@@ -217,12 +224,13 @@ class _SinkWrite:
         # The meter learns each record's size once, not again when it is resent.
         meter = self.sink.meter if self.first_pass else None
         self.first_pass = False
-        encoded = EncodedWrite(subset, self.line_format, self.sink.stamp, meter, self.ledger)
+        encoded = EncodedWrite(subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group)
         announced: set[int] = set()
 
         def on_batch(batch: Any, _receipt: Any) -> None:
             announced.add(batch.index)
-            self.ledger.stored(batch.line_count, batch.size_bytes)
+            positions = encoded.line_records
+            self.ledger.stored([group[positions[j]] for j in batch.line_indexes], batch.size_bytes)
 
         try:
             self.sink.client.upload_lines(
@@ -242,14 +250,15 @@ class _SinkWrite:
             # upload's (a closed client, a bug): nothing more of this write can be sent.
             logger.warning("traces sink: write failed: %r", err, exc_info=True)
             reason = f"{SINK_ERROR}:{type(err).__name__}"  # as the worker names a sink's crash
-            left = len(group) - len(encoded.errors) + sum(map(len, self.groups))
-            self._fail(left, reason, repr(err))
+            rejected = {position for position, _ in encoded.errors}
+            left = [i for p, i in enumerate(group) if p not in rejected] + [i for g in self.groups for i in g]
+            self._undeliver(left, reason, repr(err))
             self.groups.clear()
             self._strike(reason)
             return
         # Returned normally: every produced line was announced, except lines
         # abandoned at a cancel that came after the input ran out; those stay
-        # unaccounted, as they should.
+        # open, and the worker spools them.
         self.transient_in_row = 0
 
     def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport,
@@ -257,7 +266,7 @@ class _SinkWrite:
         """Account for one failed upload call; queue what must be sent again."""
         positions = encoded.line_records  # produced line j -> position in group
         cancelled = self.cancel.is_set()
-        accounted: set[int] = {index for index, _ in encoded.errors}
+        accounted: set[int] = {position for position, _ in encoded.errors}
         resend: list[int] = []
         splits: list[list[int]] = []
         refused: list[int] = []
@@ -269,24 +278,26 @@ class _SinkWrite:
             if outcome.status is BatchStatus.COMMITTED:
                 committed = True
                 if outcome.index not in announced:  # committed during the abandon wait: never announced
-                    self.ledger.stored(len(batch))
+                    self.ledger.stored([group[p] for p in batch])
                 continue
-            if outcome.status in (BatchStatus.ABANDONED, BatchStatus.UNSENT):
-                continue  # fate unknown, or nothing sent: left for the ledger's close
-            kind = _kind(outcome)
-            if kind == "transient":
-                if not cancelled:  # retries cut short by the deadline are left for "deadline"
-                    self._fail(len(batch), TRANSIENT, str(outcome.error))
-                    transient = True
-            elif kind == "sink":
+            if outcome.status is BatchStatus.UNSENT:
+                continue  # nothing sent: left open, spooled by the worker
+            kind = TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome)
+            if kind == TRANSIENT:
+                # Sent, fate unknown (the answer never came, or retries ran out or were cut
+                # short): kept as this very batch, so a later sync replays it if it was stored.
+                reason = DEADLINE if cancelled else TRANSIENT
+                self._undeliver([group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True)
+                transient = transient or not cancelled
+            elif kind == SINK:
                 sink_refusal = sink_refusal or outcome
                 refused += batch
-            elif outcome.rejected_line is not None and outcome.code not in _SIZE_CODES:
+            elif outcome.rejected_line is not None and outcome.code not in SIZE_CODES:
                 bad = positions[outcome.rejected_line]
-                self._fail(1, _reason(outcome), _detail(outcome))
+                self._reject(group[bad], rejection_reason(outcome), describe(outcome))
                 resend += [p for p in batch if p != bad]
             elif len(batch) == 1:
-                self._fail(1, _reason(outcome), _detail(outcome))
+                self._reject(group[batch[0]], rejection_reason(outcome), describe(outcome))
             else:
                 half = len(batch) // 2
                 splits += [batch[:half], batch[half:]]
@@ -294,11 +305,13 @@ class _SinkWrite:
         resend.sort()
 
         if sink_refusal is not None:
-            # Every later request would be refused alike: the rest of the write fails now.
-            left = len(refused) + len(resend) + sum(map(len, splits)) + sum(map(len, self.groups))
-            self._fail(left, _reason(sink_refusal), _detail(sink_refusal))
+            # Every later request would be refused alike: the rest of the write is kept for a sync.
+            left = refused + resend + [p for s in splits for p in s]
+            reason = refusal_reason(sink_refusal)
+            self._undeliver([group[p] for p in left] + [i for g in self.groups for i in g], reason,
+                            describe(sink_refusal))  # fmt: skip
             self.groups.clear()
-            self._strike(_reason(sink_refusal))
+            self._strike(reason)
             return
         if transient:
             self._strike(TRANSIENT)
@@ -310,7 +323,7 @@ class _SinkWrite:
             return
         if resend and not report.batches:
             # No batch went out and no record is to blame: resending would loop.
-            self._fail(len(resend), SINK_ERROR, "upload stopped before sending anything")
+            self._undeliver([group[p] for p in resend], SINK_ERROR, "upload stopped before sending anything")
             self._strike(SINK_ERROR)
             resend = []
         # Halves first, so a bad record is isolated before the rest moves on.
@@ -318,29 +331,3 @@ class _SinkWrite:
         if resend:
             follow.append([group[p] for p in resend])
         self.groups.extendleft(reversed(follow))
-
-
-def _kind(outcome: BatchOutcome) -> str:
-    """``record`` (bisect or blame a line), ``sink`` (every request would fail) or ``transient``."""
-    if outcome.status is BatchStatus.FAILED:
-        return "transient"
-    err = outcome.error
-    if not isinstance(err, APIError) or isinstance(err, RetryableAPIError):
-        return "transient"
-    if err.status_code in _CONTENT_STATUSES:
-        return "sink" if outcome.code in _REQUEST_CODES else "record"
-    if 400 <= err.status_code < 500:
-        return "sink"
-    return "transient"  # 500 and other statuses the client does not retry
-
-
-def _reason(outcome: BatchOutcome) -> str:
-    if outcome.code:
-        return f"rejected:{outcome.code}"
-    status = getattr(outcome.error, "status_code", None)
-    return f"rejected:http_{status}" if status is not None else "rejected"
-
-
-def _detail(outcome: BatchOutcome) -> str:
-    where = f" (record {outcome.record_id!r})" if outcome.record_id else ""
-    return f"{outcome.error}{where}"

@@ -20,6 +20,7 @@ from prime_runs._queue import (
     Write,
 )
 from prime_runs._sink import Ledger, Sink, SinkStatus
+from prime_runs._spool import SPILL_TIMEOUT, Spool
 from prime_runs.errors import SinkError
 from prime_traces._pool import call_in_forked_child
 
@@ -34,6 +35,8 @@ SINK_INCOMPLETE = "sink_incomplete"
 WORKER_ERROR = "worker_error"
 #: How long close() waits, past its deadline, for the write in progress to account for itself.
 ACCOUNTING_GRACE_S = 0.8
+#: How long, past finish()'s deadline, what was not delivered may take to be spooled to disk.
+DEFAULT_SPILL_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -54,10 +57,14 @@ class UploadWorker:
     does not fit the queue, which is bounded by records and by estimated
     bytes. The worker takes up to ``write_cap_bytes`` at a time and hands each
     write to every sink that is not retired; three transient failures in a
-    row retire a sink. ``flush`` and ``close`` wait up to their timeout;
-    ``close`` then cancels the sinks and accounts for everything left, so
-    ``submitted = stored + dropped + failed + spooled`` holds per sink. The
-    thread is a daemon and is never joined: the process can always exit.
+    row retire a sink. What a sink leaves undelivered (the service failed,
+    the sink retired) goes to the sink's ``spool``, if it has one, on this
+    thread; what it refuses for the records' own fault is set aside there.
+    ``flush`` and ``close`` wait up to their timeout; ``close`` then cancels
+    the sinks, spools everything left within ``spill_timeout_s`` more, and
+    accounts for the rest, so ``submitted = stored + dropped + failed +
+    spooled`` holds per sink. The thread is a daemon and is never joined:
+    the process can always exit.
 
     Usage::
 
@@ -77,6 +84,7 @@ class UploadWorker:
         size_meter: SizeMeter | None = None,
         tick: Callable[[], Any] | None = None,
         tick_interval_s: float = 10.0,
+        spill_timeout_s: float = DEFAULT_SPILL_TIMEOUT_S,
         name: str = "prime-runs-upload",
     ) -> None:
         self.sinks = list(sinks)
@@ -85,6 +93,9 @@ class UploadWorker:
             raise ValueError(f"sink names must be unique, got {names}")
         if write_cap_bytes < 1:
             raise ValueError(f"write_cap_bytes must be greater than 0, not {write_cap_bytes}")
+        if spill_timeout_s < 0:
+            raise ValueError(f"spill_timeout_s must be at least 0, not {spill_timeout_s}")
+        self.spill_timeout_s = spill_timeout_s
         self.meter = size_meter or SizeMeter()
         self._limits = (max_queued_records, max_queued_bytes)
         self.write_cap_bytes = write_cap_bytes
@@ -106,6 +117,9 @@ class UploadWorker:
         self._inflight: dict[int, list[Ledger]] = {}
         self._strikes = {s.name: 0 for s in self.sinks}
         self.retired: set[str] = set()
+        # Set once close() gives up waiting: spooling must end by then.
+        self._spill_deadline: float | None = None
+        self._spool_noted: set[str] = set()
 
     # -- the caller's side ---------------------------------------------------
 
@@ -155,24 +169,30 @@ class UploadWorker:
         return self._queue.wait_done(self._queue.last_seq(), deadline)
 
     def close(self, timeout_s: float | None = None) -> bool:
-        """Flush up to ``timeout_s``, then cancel and account for what is left.
+        """Flush up to ``timeout_s``, then cancel, spool what is left and account for the rest.
 
         Returns True when everything was handled before the deadline. Returns
-        within ``timeout_s`` plus about a second whatever the sinks do.
+        within ``timeout_s`` plus ``spill_timeout_s`` plus about a second,
+        whatever the sinks and the disk do.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         flushed = self._queue.wait_done(self._queue.last_seq(), deadline)
+        spools = any(self._spool_of(sink) is not None for sink in self.sinks)
+        spill_deadline = time.monotonic() + (self.spill_timeout_s if spools else 0.0)
         if not flushed:
+            self._spill_deadline = spill_deadline
             self._cancel.set()
-        left = self._queue.close()
-        for write in left:
+        for write in self._queue.close():
+            skipped, line_format = (0, write.line_format) if write.line_format else self._detect_line_format(write)
             for sink in self.sinks:
-                Ledger(self.accounting, sink.name, write.count).close(DEADLINE)
-        if not self._queue.wait_done(self._queue.last_seq(), time.monotonic() + ACCOUNTING_GRACE_S):
+                ledger = Ledger(self.accounting, sink.name, write.count)
+                ledger.failed(range(skipped), INVALID_RECORD)
+                self._keep(sink, write.records, line_format, ledger, DEADLINE)
+        if not self._queue.wait_done(self._queue.last_seq(), spill_deadline + ACCOUNTING_GRACE_S):
             with self._lock:
                 for ledgers in self._inflight.values():
-                    for ledger in ledgers:
-                        ledger.close(DEADLINE)
+                    for sink, ledger in zip(self.sinks, ledgers):
+                        ledger.close(SPILL_TIMEOUT if self._spool_of(sink) else DEADLINE, keep_reasons=False)
                 self._inflight.clear()
         self._queue.mark_all_done()
         self._report_drops()
@@ -224,13 +244,15 @@ class UploadWorker:
         if claim is None:
             return []
         groups: list[_Group] = []
+        offset = 0  # where this write's records start in the claim's ledger
         for write in writes:
             records, line_format = write.records, write.line_format
+            start, offset = offset, offset + write.count
             if line_format is None:
                 skipped, line_format = self._detect_line_format(write)
                 if skipped:
                     for ledger in claim:
-                        ledger.failed(skipped, INVALID_RECORD)
+                        ledger.failed(range(start, start + skipped), INVALID_RECORD)
                     self._report_failures({s.name: {INVALID_RECORD: skipped} for s in self.sinks})
                     records = records[skipped:]
             if not records:
@@ -317,31 +339,63 @@ class UploadWorker:
         if ledgers is None:  # closed at the deadline meanwhile
             return
         for sink, ledger in zip(self.sinks, ledgers):
+            status = None
             if sink.name in self.retired:
-                ledger.close(SINK_RETIRED)
-                continue
-            if self._cancel.is_set():
-                ledger.close(DEADLINE)
-                continue
-            try:
-                status = sink.write(group.records, group.line_format, ledger, self._cancel)
-            except Exception as err:  # noqa: BLE001  (a broken sink loses its write, not the worker)
-                logger.warning("sink %s failed on a write of %d records", sink.name, group.count, exc_info=True)
-                ledger.failed(ledger.remaining, f"sink_error:{type(err).__name__}")
-                status = SinkStatus.TRANSIENT
-            ledger.close(DEADLINE if self._cancel.is_set() else SINK_INCOMPLETE)
-            self._after_write(sink, ledger, status)
+                reason = SINK_RETIRED
+            elif self._cancel.is_set():
+                reason = DEADLINE
+            else:
+                try:
+                    status = sink.write(group.records, group.line_format, ledger, self._cancel)
+                except Exception as err:  # noqa: BLE001  (a broken sink loses its write, not the worker)
+                    logger.warning("sink %s failed on a write of %d records", sink.name, group.count, exc_info=True)
+                    ledger.undelivered(range(group.count), f"sink_error:{type(err).__name__}")
+                    status = SinkStatus.TRANSIENT
+                reason = DEADLINE if self._cancel.is_set() else SINK_INCOMPLETE
+            self._keep(sink, group.records, group.line_format, ledger, reason)
+            if status is not None:
+                self._after_write(sink, ledger, status)
         with self._lock:
             self._inflight.pop(group.key, None)
+
+    @staticmethod
+    def _spool_of(sink: Sink) -> Spool | None:
+        return getattr(sink, "spool", None)
+
+    def _keep(self, sink: Sink, records: Sequence[Any], line_format: str, ledger: Ledger, reason: str) -> None:
+        """Spool what ``sink`` left undelivered (open records as ``reason``), set aside what it refused."""
+        spool = self._spool_of(sink)
+        if spool is None:
+            ledger.close(reason)
+            return
+        groups = ledger.take_undelivered(reason)
+        lost = SPILL_TIMEOUT
+        if groups:
+            spooled = 0
+            try:
+                spooled = spool.spill(records, line_format, ledger, groups, self._spill_deadline)
+            except Exception as err:  # noqa: BLE001  (a failed spill loses those records, never the worker)
+                logger.warning("spooling %d records to %s failed", sum(len(g.indexes) for g in groups),
+                               spool.directory, exc_info=True)  # fmt: skip
+                lost = f"spool_error:{type(err).__name__}"
+            if spooled and sink.name not in self._spool_noted:
+                self._spool_noted.add(sink.name)
+                why = ", ".join(sorted({g.reason for g in groups}))
+                logger.warning("%s sink: records not delivered (%s) are kept in %s; `prime-runs sync %s` "
+                               "uploads them", sink.name, why, spool.directory, spool.directory)  # fmt: skip
+        else:
+            spool.set_aside(records, line_format, ledger)
+        ledger.close(lost, keep_reasons=False)
 
     def _after_write(self, sink: Sink, ledger: Ledger, status: SinkStatus) -> None:
         if status is SinkStatus.TRANSIENT:
             self._strikes[sink.name] += 1
             if self._strikes[sink.name] >= STRIKES_TO_RETIRE and sink.name not in self.retired:
                 self.retired.add(sink.name)
+                kept = "kept on disk" if self._spool_of(sink) else "counted as failed"
                 logger.error(
                     "sink %s failed %d writes in a row and is retired for the rest of the run; "
-                    "its records are counted as failed (%s)", sink.name, STRIKES_TO_RETIRE, SINK_RETIRED,
+                    "its records are %s (%s)", sink.name, STRIKES_TO_RETIRE, kept, SINK_RETIRED,
                 )  # fmt: skip
         else:
             self._strikes[sink.name] = 0

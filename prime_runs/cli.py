@@ -1,4 +1,4 @@
-"""The ``prime-runs`` command line: ``demo`` (``sync`` arrives with local run directories)."""
+"""The ``prime-runs`` command line: ``demo``, ``sync`` and ``ls``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import sys
 
 from prime_runs._demo import add_demo_command
+from prime_runs._sync_cli import add_sync_commands
 from prime_traces._version import __version__
 
 
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_demo_command(sub)
+    add_sync_commands(sub)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -11,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
+from prime_runs._run_file import RunFile
+from prime_runs._rundir import RunDirectory
 from prime_runs._shutdown import ShutdownHooks
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
@@ -36,6 +39,8 @@ class Run:
     queue was full and the records were dropped, and counted). ``flush`` and
     ``finish`` wait at most their timeout; ``finish`` is idempotent and
     thread-safe, and an unfinished run is finished as ``crashed`` at exit.
+    What the service did not take by then is in the run directory, ``dir``,
+    for ``prime-runs sync`` to upload.
 
     Usage::
 
@@ -59,7 +64,9 @@ class Run:
         on_error: str,
         finish_timeout_s: float,
         handle_signals: bool,
-        dir: str | None = None,
+        tags: list[str] | None = None,
+        rundir: RunDirectory | None = None,
+        service_url: str | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -68,10 +75,16 @@ class Run:
         self.kind = kind
         self.mode = mode
         self.url = url
-        self.dir = dir
+        #: The run directory (created only when something is kept there, online).
+        self.dir = rundir.path if rundir is not None else None
+        self.tags = list(tags or [])
         self.config = dict(config)
         self.summary: dict[str, Any] = {}
         self.status = "running"
+        self.error: str | None = None
+        self._service_url = service_url
+        self._finished_at: float | None = None
+        self._run_file = RunFile(rundir, self._document) if rundir is not None and owner else None
         self._worker = worker
         self._lifecycle = lifecycle
         self._owner = owner
@@ -117,12 +130,14 @@ class Run:
             if step is not None:
                 self.summary["step"] = step
             self._dirty["summary"] = True
-        self._start_timer()
+        self._changed()
 
-    def _start_timer(self) -> None:
+    def _changed(self) -> None:
+        if self._run_file is not None:
+            self._run_file.dirty = True
         # The worker thread also runs the update timer: start it for runs that
         # log metrics before (or without) any episode.
-        if self._worker is not None and self._lifecycle is not None and self._owner:
+        if self._worker is not None and self._owner:
             self._worker.start()
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
@@ -134,7 +149,7 @@ class Run:
         with self._lock:
             self.config.update(values)
             self._dirty["config"] = True
-        self._start_timer()
+        self._changed()
 
     def send_updates(self, timeout_s: float | None = None) -> None:
         """Send pending config and summary changes now (the worker's timer calls this)."""
@@ -155,6 +170,37 @@ class Run:
                 logger.warning("could not send run updates (%s); will retry", describe(err))
         finally:
             self._patch_lock.release()
+
+    def _tick(self) -> None:
+        """The worker's timer: send what changed, and keep ``run.json`` current."""
+        if self._lifecycle is not None and self._worker is not None:
+            self.send_updates(timeout_s=self._worker.tick_interval_s)
+        if self._run_file is not None:
+            self._run_file.save_if_dirty()
+
+    def _keep_locally(self) -> None:
+        """Start keeping ``run.json`` (offline runs, ``save_local``); the owner only."""
+        if self._run_file is not None and not self._run_file.activate():
+            self._run_file = None
+
+    def _directory_needed(self, _path: str) -> None:
+        # Online, the run directory appears with the first record kept there.
+        self._keep_locally()
+
+    def _document(self) -> dict[str, Any] | None:
+        """What ``run.json`` holds: the run as the service would have it, and the counters."""
+        if not self._lock.acquire(timeout=_UPDATE_LOCK_TIMEOUT_S):
+            return None  # a signal's finisher interrupted log(): the next write has it all
+        try:
+            config, summary = dict(self.config), dict(self.summary)
+        finally:
+            self._lock.release()
+        return {
+            "id": self.id, "name": self.name, "kind": self.kind, "mode": self.mode, "tags": self.tags,
+            "config": config, "summary": summary, "status": self.status, "error": self.error,
+            "service_url": self._service_url, "url": self.url, "finished_at": self._finished_at,
+            "counters": self.stats(),
+        }  # fmt: skip
 
     def _snapshot(self, *, everything: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Copies of the config and summary to send (only what changed, unless ``everything``)."""
@@ -214,17 +260,48 @@ class Run:
         if self._worker is not None:
             flushed = self._worker.close(max(0.0, deadline - reserve - time.monotonic()))
             if not flushed:
-                logger.warning(
-                    "run %s: finish() ran out of time after %.1f s; records not uploaded are counted "
-                    "as failed (reason 'deadline'): %s", self.id, timeout, self._worker.failed_records,
-                )  # fmt: skip
+                logger.warning("run %s: finish() ran out of time after %.1f s", self.id, timeout)
+                # The spill took its own bound: the status still gets its reserve.
+                deadline = max(deadline, time.monotonic() + reserve)
         self.status = status
+        self.error = str(error) if error is not None else None
+        self._finished_at = time.time()
+        recorded = True
         if self._lifecycle is not None and self._owner:
-            self._record_status(status, str(error) if error is not None else None, deadline)
+            recorded = self._record_status(status, self.error, deadline)
+        if self._run_file is not None:
+            if not recorded:
+                self._keep_locally()  # a sync records the status the service did not get
+            if self._run_file is not None:
+                self._run_file.save()
+                self._run_file.release()
+        self._say_what_is_left(recorded)
         self._hooks.uninstall()
 
-    def _record_status(self, status: str, error: str | None, deadline: float) -> None:
+    def _say_what_is_left(self, recorded: bool) -> None:
+        """Where the records that are not on the service are, and the command that uploads them."""
+        if self._worker is None or self.dir is None:
+            return
+        stats = self._worker.stats()
+        sinks = {name: c for name, c in stats["sinks"].items() if name != "local"}
+        spooled = sum(c["spooled"] for c in sinks.values())
+        where = os.path.abspath(self.dir)
+        if self.mode == "offline":
+            stored = sum(c["stored"] for c in sinks.values())
+            logger.info("run %s: %d records saved in %s; upload them with: prime-runs sync %s",
+                        self.id, stored + spooled, where, where)  # fmt: skip
+        elif spooled or (not recorded and self._run_file is not None):
+            reasons = collections.Counter[str]()
+            for counts in sinks.values():
+                reasons.update(counts["spooled_reasons"])
+            why = f" ({', '.join(f'{r}: {n}' for r, n in reasons.most_common())})" if reasons else ""
+            logger.warning("run %s: %d records were not delivered%s and are saved in %s; upload them with: "
+                           "prime-runs sync %s", self.id, spooled, why, where, where)  # fmt: skip
+
+    def _record_status(self, status: str, error: str | None, deadline: float) -> bool:
         """Send the terminal status with the whole config and summary, waiting until ``deadline``.
+
+        Returns whether the service confirmed it.
 
         The request runs on a daemon thread: requests' timeouts bound each socket
         read, not a whole answer, so a service that trickles its reply would
@@ -235,6 +312,7 @@ class Run:
         lifecycle = self._lifecycle
         assert lifecycle is not None
         sent = threading.Event()
+        confirmed: list[bool] = []
 
         def send() -> None:
             try:
@@ -251,10 +329,13 @@ class Run:
                                        "sending status %r without the latest config and summary", self.id, status)  # fmt: skip
                     lifecycle.update(self.id, config=config, summary=summary, status=status, error=error,
                                      timeout_s=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()))  # fmt: skip
+                    confirmed.append(True)
                 finally:
                     if locked:
                         self._patch_lock.release()
             except Exception as err:  # noqa: BLE001  (finish must return, whatever the service does)
+                if getattr(err, "code", None) == "run_finished":
+                    confirmed.append(True)  # someone finished it first: nothing is left to record
                 logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
             finally:
                 sent.set()
@@ -267,6 +348,7 @@ class Run:
         if not sent.wait(max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S):
             logger.warning("run %s: the service did not confirm status %r within finish()'s timeout; "
                            "it may not be recorded", self.id, status)  # fmt: skip
+        return bool(confirmed)
 
     def _finish_from_hook(self, status: str) -> None:
         if not self._finishing:
@@ -334,6 +416,7 @@ class Run:
     def _after_fork_in_child(self) -> None:
         # The child logs its own records but never finishes the parent's run.
         self._owner = False
+        self._run_file = None
         self._lock = threading.Lock()
         self._patch_lock = threading.Lock()
         self._finish_lock = threading.Lock()

@@ -6,8 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import requests
+import zstandard
 from _wire import episode, trace
 
 import prime_runs
@@ -106,6 +108,17 @@ def stored_episodes(svc: LocalTracesService) -> dict[str, int]:
     """Stored rows per episode id (a record uploaded twice shows as 2)."""
     with svc.state.store.reader() as conn:
         return dict(conn.execute("SELECT episode_id, COUNT(*) FROM episodes GROUP BY episode_id").fetchall())
+
+
+def local_records(run_dir: Path | str, kind: str) -> list[dict[str, Any]]:
+    """The records in a run directory's ``kind`` segments (``episode``, ``trace``, ``rejected``), as zstdcat reads them."""
+    out = []
+    for path in sorted(Path(run_dir).glob(f"{kind}-*.jsonl.zst")):
+        with path.open("rb") as handle:
+            data = zstandard.ZstdDecompressor().stream_reader(handle, read_across_frames=True).read()
+        assert data.endswith(b"\n") or not data
+        out += [orjson.loads(line) for line in data.split(b"\n")[:-1]]
+    return out
 
 
 def identity_holds(run: Run, sink: str = "traces") -> bool:

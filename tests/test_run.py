@@ -41,6 +41,7 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     episodes,
     stored_episodes,
     identity_holds,
+    local_records,
     sink_counts,
 )
 
@@ -76,8 +77,8 @@ def test_offline_is_the_default_when_nothing_is_configured(isolated):
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
     run_dir = isolated / "prime-runs" / run.id
     assert Path(run.dir).resolve() == run_dir
-    envelopes = [orjson.loads(line) for line in (run_dir / "episodes.jsonl").read_bytes().splitlines()]
-    bare = [orjson.loads(line) for line in (run_dir / "traces.jsonl").read_bytes().splitlines()]
+    envelopes = local_records(run_dir, "episode")
+    bare = local_records(run_dir, "trace")
     assert [e["id"] for e in envelopes] == ["e0", "e1", "e2"]
     assert [t["id"] for t in bare] == ["bare-1", "bare-2"]
     stamp = {"id": run.id, "type": "eval"}
@@ -302,8 +303,9 @@ def test_finish_returns_in_time_when_the_service_hangs(service):
     run.finish(timeout_s=2)
     elapsed = time.monotonic() - started
     assert elapsed < 3.0, elapsed
-    assert run.failed_records == {"traces": 30}
-    assert sink_counts(run)["failed"] == {"deadline": 30}
+    assert run.failed_records == {}
+    assert sink_counts(run)["spooled_reasons"] == {"deadline": 30}
+    assert len(local_records(run.dir, "episode")) == 30
     assert identity_holds(run)
     assert get_run(service, run.id)["status"] == "completed"  # the status is still recorded in time
 

@@ -10,7 +10,7 @@ import requests
 
 from _wire import ACCEPT_ENCODING, auth, digest_key, jsonl, post_upload, trace
 from prime_traces.server import LocalTracesService
-from prime_traces.server._ingest import MAX_ROWS_PER_UPLOAD
+from prime_traces._lines import MAX_ROWS_PER_UPLOAD
 
 SERVICE_UNAVAILABLE_CODES = {
     "writer_pool_saturated", "ingest_capacity_exceeded", "ingest_unavailable",

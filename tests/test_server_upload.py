@@ -27,7 +27,7 @@ from _wire import (
     trace,
 )
 from prime_traces.server import LocalTracesService
-from prime_traces.server._ingest import (
+from prime_traces._lines import (
     MAX_ENVIRONMENT_ID_CHARS,
     MAX_EPISODE_ID_CHARS,
     MAX_LINE_BYTES,

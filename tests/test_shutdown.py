@@ -70,8 +70,11 @@ NATIVE_BLOCK = """
 import sqlite3
 
 def block_natively(seconds):
-    sqlite3.connect("held.db", isolation_level=None).execute("BEGIN EXCLUSIVE")
+    # The holder stays referenced: a cycle collection in between would close it and end the block.
+    holder = sqlite3.connect("held.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
     sqlite3.connect("held.db", timeout=seconds, isolation_level=None).execute("BEGIN EXCLUSIVE")
+    holder.close()
 """
 NATIVE_BLOCK_S = 30
 # Well under NATIVE_BLOCK_S: the process must not wait for the native call to return.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import threading
@@ -66,6 +67,14 @@ def stored_ids(svc: LocalTracesService, table: str = "episodes") -> list[str]:
 
 def sink_counts(accounting: Accounting) -> dict[str, Any]:
     return accounting.snapshot()["sinks"]["traces"]
+
+
+def undelivered(ledger: Ledger) -> dict[tuple[str, bool], int]:
+    """Records left for the spool, by (reason, sent as one batch)."""
+    tally: collections.Counter[tuple[str, bool]] = collections.Counter()
+    for group in ledger.take_undelivered("never-sent"):
+        tally[(group.reason, group.batch)] += len(group.indexes)
+    return dict(tally)
 
 
 def assert_identity(accounting: Accounting, ledger: Ledger) -> None:
@@ -171,7 +180,7 @@ def test_a_record_whose_to_record_raises_fails_alone(tmp_path):
     assert_identity(accounting, ledger)
 
 
-def test_a_503_storm_past_max_attempts_is_a_strike_and_fails_every_record(tmp_path):
+def test_a_503_storm_past_max_attempts_is_a_strike_and_leaves_every_record_undelivered(tmp_path):
     records = episodes(100)  # six batches
     accounting, ledger = ledger_for(len(records))
     waits: list[float] = []
@@ -181,15 +190,21 @@ def test_a_503_storm_past_max_attempts_is_a_strike_and_fails_every_record(tmp_pa
         stats = svc.stats()
         assert stored_ids(svc) == []
     assert status is SinkStatus.TRANSIENT
+    # The three batches that went out are kept as batches (the service may have stored them); the rest was never sent.
+    left = undelivered(ledger)
+    sent = left[("transient", True)]
+    assert left == {("transient", True): sent, ("transient", False): 100 - sent}
+    assert 3 <= sent < 100
+    assert sink_counts(accounting)["failed"] == {} and sink_counts(accounting)["stored"] == 0
+    assert ledger.close("unused") == 100
     assert sink_counts(accounting)["failed"] == {"transient": 100}
-    assert sink_counts(accounting)["stored"] == 0
     assert_identity(accounting, ledger)
     # One batch in flight, two attempts each, three failed uploads in a row: then the rest is given up.
     assert stats["upload_attempts"] == 6
     assert waits == [1.0, 1.0, 1.0]
 
 
-def test_a_transient_failure_loses_only_its_batch(tmp_path):
+def test_a_transient_failure_leaves_only_its_batch_undelivered(tmp_path):
     records = episodes(50)
     accounting, ledger = ledger_for(len(records))
     with serving(tmp_path, fail_count=2, max_in_flight=1, _sleep=lambda _s: None) as (svc, client):
@@ -197,16 +212,18 @@ def test_a_transient_failure_loses_only_its_batch(tmp_path):
         status = sink.write(records, "episode", ledger, threading.Event())
         ids = stored_ids(svc)
     assert status is SinkStatus.TRANSIENT  # a strike, though the service recovered
-    counts = sink_counts(accounting)
-    lost = counts["failed"]["transient"]
-    assert 0 < lost < 50
+    groups = ledger.take_undelivered("never-sent")
+    assert [(g.reason, g.batch) for g in groups] == [("transient", True)]
+    lost = len(groups[0].indexes)
+    assert 0 < lost < 50 and groups[0].indexes == tuple(range(lost))
     # The first batch failed; everything behind it was still uploaded.
     assert sorted(ids, key=lambda i: int(i[1:])) == [f"e{i}" for i in range(lost, 50)]
-    assert counts["stored"] == 50 - lost
+    assert sink_counts(accounting)["stored"] == 50 - lost
+    assert ledger.close("unused") == lost
     assert_identity(accounting, ledger)
 
 
-def test_a_refused_key_fails_the_write_without_retrying_record_by_record(tmp_path):
+def test_a_refused_key_leaves_the_write_undelivered_without_retrying_record_by_record(tmp_path):
     records = episodes(20)
     accounting, ledger = ledger_for(len(records))
     with serving(tmp_path, api_key="the-real-key") as (svc, client):
@@ -214,7 +231,10 @@ def test_a_refused_key_fails_the_write_without_retrying_record_by_record(tmp_pat
         status = sink.write(records, "episode", ledger, threading.Event())
         stats = svc.stats()
     assert status is SinkStatus.TRANSIENT  # three such writes retire the sink
-    assert sink_counts(accounting)["failed"] == {"rejected:unauthenticated": 20}
+    # Kept for a sync with the right key: no record is to blame.
+    assert undelivered(ledger) == {("refused:unauthenticated", False): 20}
+    assert sink_counts(accounting)["failed"] == {}
+    ledger.close("unused")
     assert_identity(accounting, ledger)
     assert stats["upload_attempts"] == 0 and stats["requests"] <= 8  # one window, no bisection
 
@@ -234,14 +254,16 @@ def test_an_upload_too_large_for_the_service_is_halved_until_it_fits(tmp_path):
     assert_identity(accounting, ledger)
 
 
-def test_a_client_that_cannot_send_fails_the_write_as_a_sink_error(tmp_path):
+def test_a_client_that_cannot_send_leaves_the_write_undelivered_as_a_sink_error(tmp_path):
     records = [trace("t0"), trace("t1", metrics={"x": float("nan")}), trace("t2")]
     accounting, ledger = ledger_for(len(records))
     with serving(tmp_path) as (_svc, client):
         sink = sink_for(client)
         client.close()
         assert sink.write(records, "trace", ledger, threading.Event()) is SinkStatus.TRANSIENT
-    # The NaN record is not pulled before the client refuses: it fails with the others.
+    # The NaN record is not pulled before the client refuses: it is left with the others.
+    assert undelivered(ledger) == {("sink_error:RuntimeError", False): 3}
+    ledger.close("unused")
     assert sink_counts(accounting)["failed"] == {"sink_error:RuntimeError": 3}
     assert_identity(accounting, ledger)
 
@@ -257,8 +279,11 @@ def test_cancel_while_the_service_hangs_returns_promptly_and_leaves_the_rest_to_
         elapsed = time.monotonic() - started
         assert cancel.is_set()
         assert elapsed < 3.0
-        # Nothing is known about the abandoned records: the worker closes them.
+        # Nothing is known about the abandoned records: they are left, as the batches they went in.
         assert ledger.remaining == 30
+        groups = ledger.take_undelivered("never-sent")
+        assert {(g.reason, g.batch) for g in groups} == {("deadline", True), ("never-sent", False)}
+        assert sum(len(g.indexes) for g in groups) == 30
         assert sink_counts(accounting)["failed"] == {} and sink_counts(accounting)["stored"] == 0
         assert svc.stats()["upload_attempts"] <= client.max_in_flight
         # A write that starts cancelled neither encodes nor sends anything.

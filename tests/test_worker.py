@@ -44,9 +44,9 @@ class GatedSink:
             self.gate.wait(GATE_TIMEOUT_S)
         self.writes.append(len(records))
         self.received.extend(records)
-        if self.fail:
-            ledger.failed(self.fail, "rejected:invalid_trace")
-        ledger.stored(len(records) - self.fail)
+        for index in range(self.fail):
+            ledger.rejected(index, "rejected:invalid_trace", f"record {index} is bad")
+        ledger.stored(range(self.fail, len(records)))
         return self.status
 
     def close(self) -> None:

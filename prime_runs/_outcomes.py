@@ -1,0 +1,64 @@
+"""What a refused or failed upload means for its records: whose fault, and the reason to count.
+
+Shared by the Traces sink (records logged in this process) and ``prime-runs
+sync`` (records read back from a run directory), so both treat every answer
+of the service alike.
+"""
+
+from __future__ import annotations
+
+from prime_traces._report import BatchOutcome, BatchStatus
+from prime_traces.errors import APIError, RetryableAPIError
+
+# A 400 with one of these codes is about the request, not a record: no subset
+# of the records would be accepted, so bisecting would only multiply requests.
+REQUEST_CODES = frozenset(
+    {"invalid_metadata", "unsupported_schema_version", "invalid_idempotency_key",
+     "digest_mismatch", "malformed_encoding"}
+)  # fmt: skip
+# A refusal for the request's size names the line where the limit was crossed,
+# but that record is not at fault. Halving the batch cures it.
+SIZE_CODES = frozenset({"upload_too_large", "too_many_traces_in_upload"})
+# Statuses that are about the content of the request (413/422 are not in the
+# contract, but a proxy may send them for an oversized or odd body).
+CONTENT_STATUSES = frozenset({400, 413, 422})
+
+RECORD = "record"
+SINK = "sink"
+TRANSIENT = "transient"
+
+
+def fault_of(outcome: BatchOutcome) -> str:
+    """``record`` (bisect or blame a line), ``sink`` (every request would fail) or ``transient``."""
+    if outcome.status is BatchStatus.FAILED:
+        return TRANSIENT
+    err = outcome.error
+    if not isinstance(err, APIError) or isinstance(err, RetryableAPIError):
+        return TRANSIENT
+    if err.status_code in CONTENT_STATUSES:
+        return SINK if outcome.code in REQUEST_CODES else RECORD
+    if 400 <= err.status_code < 500:
+        return SINK
+    return TRANSIENT  # 500 and other statuses the client does not retry
+
+
+def refusal_reason(outcome: BatchOutcome) -> str:
+    """The reason of a refusal about the sink (the key, the scope), not about a record."""
+    if outcome.code:
+        return f"refused:{outcome.code}"
+    status = getattr(outcome.error, "status_code", None)
+    return f"refused:http_{status}" if status is not None else "refused"
+
+
+def rejection_reason(outcome: BatchOutcome) -> str:
+    """The reason of a record the service refused for its own fault."""
+    if outcome.code:
+        return f"rejected:{outcome.code}"
+    status = getattr(outcome.error, "status_code", None)
+    return f"rejected:http_{status}" if status is not None else "rejected"
+
+
+def describe(outcome: BatchOutcome) -> str:
+    """The service's words, and the record they are about when it named one."""
+    where = f" (record {outcome.record_id!r})" if outcome.record_id else ""
+    return f"{outcome.error}{where}"

@@ -1,0 +1,91 @@
+"""Progress of a long upload on a terminal: done of total, rate and time left.
+
+On a terminal one line is rewritten in place, a few times a second; anywhere
+else (a log file, CI) a plain line is printed now and then, so logs stay
+readable.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+TTY_INTERVAL_S = 0.2
+PLAIN_INTERVAL_S = 10.0
+
+
+def human_bytes(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(size) < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds + 0.5))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """Records and bytes done of a total; ``advance`` from one thread.
+
+    Usage::
+
+        progress = Progress("run-1", stream=sys.stderr)
+        progress.start(records=300, size=2_000_000)
+        progress.advance(100, 700_000)
+        progress.close()
+    """
+
+    def __init__(self, label: str, *, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
+        self.interval_s = TTY_INTERVAL_S if self.tty else PLAIN_INTERVAL_S
+        self.records_total = self.size_total = 0
+        self.records = self.size = 0
+        self._started = self._shown = clock()
+        self._drawn = False
+
+    def start(self, records: int, size: int) -> None:
+        self.records_total, self.size_total = records, size
+        self._started = self._shown = self.clock()
+        if records and self.tty:
+            self._show()
+
+    def advance(self, records: int, size: int) -> None:
+        self.records += records
+        self.size += size
+        if self.clock() - self._shown >= self.interval_s:
+            self._show()
+
+    def line(self) -> str:
+        elapsed = max(1e-9, self.clock() - self._started)
+        rate = self.size / elapsed
+        text = (f"{self.label}: {self.records}/{self.records_total} records, "
+                f"{human_bytes(self.size)}/{human_bytes(self.size_total)}, {human_bytes(rate)}/s")  # fmt: skip
+        if 0 < self.size < self.size_total and rate > 0:
+            text += f", {human_duration((self.size_total - self.size) / rate)} left"
+        return text
+
+    def _show(self) -> None:
+        self._shown = self.clock()
+        if self.tty:
+            self.stream.write("\r\x1b[K" + self.line())
+            self._drawn = True
+        else:
+            self.stream.write(self.line() + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the progress line (a terminal's is left showing the final count)."""
+        if self.tty and self._drawn:
+            self.stream.write("\r\x1b[K" + self.line() + "\n")
+            self.stream.flush()

@@ -1,0 +1,182 @@
+"""The spool: what a sink could not deliver, kept in the run directory for ``prime-runs sync``.
+
+:class:`RecordFiles` is this process's set of segment writers in one
+directory (one per line format, one for rejected records). :class:`Spool`
+writes into it what a sink left undelivered (the service failed, the sink
+retired, the deadline came) and sets aside what was refused for its own
+fault. Both run on the worker thread, or on the thread that finishes the
+run, and block on local disk only, within the deadline they are given.
+
+Records that went out together as one upload whose fate is unknown (its
+answer never came) are spooled as one ``batch`` entry, re-encoded byte for
+byte, so that ``prime-runs sync`` sends them as that same upload and the
+service replays it if it had stored it: nothing is stored twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from prime_runs._encoding import EncodedWrite, RunStamp, as_mapping
+from prime_runs._segments import DATA_KINDS, REJECTED, Frame, SegmentWriter, frames_of
+from prime_runs._sink import Ledger, Rejection, Undelivered
+
+logger = logging.getLogger(__name__)
+
+DISK_ERROR = "disk_error"
+#: The reason of records that could not even be spooled within ``spill_timeout_s``.
+SPILL_TIMEOUT = "spill_timeout"
+_REPR_CHARS = 10_000
+
+
+class RecordFiles:
+    """This process's segment writers in one directory, created on first use.
+
+    ``on_first_write(directory)`` runs once, before the first file is
+    created (the run writes its ``run.json`` then).
+    """
+
+    def __init__(self, directory: str, *, on_first_write: Callable[[str], Any] | None = None,
+                 max_segment_bytes: int | None = None) -> None:  # fmt: skip
+        self.directory = directory
+        self.on_first_write = on_first_write
+        options = {"max_segment_bytes": max_segment_bytes} if max_segment_bytes else {}
+        self._writers = {kind: SegmentWriter(directory, kind, **options) for kind in (*DATA_KINDS, REJECTED)}
+        self._announced = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RecordFiles({self.directory!r})"
+
+    def writer(self, kind: str) -> SegmentWriter:
+        if not self._announced:
+            with self._lock:
+                if not self._announced:
+                    self._announced = True
+                    if self.on_first_write is not None:
+                        try:
+                            self.on_first_write(self.directory)
+                        except Exception:  # noqa: BLE001  (the records matter more than the index)
+                            logger.warning("could not prepare %s", self.directory, exc_info=True)
+        return self._writers[kind]
+
+    def set_aside(self, records: Sequence[Any], line_format: str, rejections: Sequence[Rejection]) -> None:
+        """Keep refused records, each wrapped with why, in ``rejected-*.jsonl.zst``; never raises."""
+        if not rejections:
+            return
+        lines = [rejected_entry(*_lossy_json(records[r.index]), line_format, r.reason, r.message) for r in rejections]
+        try:
+            self.writer(REJECTED).append(frames_of(lines))
+        except OSError as err:
+            logger.warning("could not keep %d refused records in %s: %s", len(lines), self.directory, err)
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+
+
+class Spool:
+    """Writes undelivered records to a :class:`RecordFiles`, and reports them ``spooled``.
+
+    Usage::
+
+        spool = Spool(RecordFiles("prime-runs/run-1"), RunStamp("run-1", "train"))
+        spool.spill(records, "episode", ledger, ledger.take_undelivered("deadline"), deadline)
+    """
+
+    def __init__(self, files: RecordFiles, stamp: RunStamp | None) -> None:
+        self.files = files
+        self.stamp = stamp
+        self.directory = files.directory
+
+    def __repr__(self) -> str:
+        return f"Spool({self.directory!r})"
+
+    def spill(self, records: Sequence[Any], line_format: str, ledger: Ledger, groups: Sequence[Undelivered],
+              deadline: float | None) -> int:  # fmt: skip
+        """Write ``groups`` of ``records``; returns how many were spooled.
+
+        What the deadline leaves unwritten stays unaccounted in ``ledger``.
+        """
+        spooled = 0
+        for group in groups:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            subset = [records[i] for i in group.indexes]
+            encoded = EncodedWrite(subset, line_format, self.stamp, None, ledger, indexes=group.indexes)
+            written: list[int] = []
+            try:
+                if group.batch:
+                    lines = list(encoded)
+                    # A record that no longer encodes as it did cannot be part of the replay.
+                    frames: Iterator[Frame] = iter([Frame(lines, batch=not encoded.errors)])
+                else:
+                    frames = frames_of(_until(encoded, deadline))
+                self.files.writer(line_format).append(_noting(frames, written))
+            except OSError as err:
+                logger.warning("could not spool %d records to %s: %s", len(group.indexes), self.directory, err)
+                ledger.failed(group.indexes, DISK_ERROR)
+                continue
+            ledger.spooled([group.indexes[encoded.line_records[j]] for j in range(sum(written))], group.reason)
+            spooled += sum(written)
+        self.set_aside(records, line_format, ledger)
+        return spooled
+
+    def set_aside(self, records: Sequence[Any], line_format: str, ledger: Ledger) -> None:
+        """Keep the records ``ledger`` reports refused for their own fault (each once)."""
+        self.files.set_aside(records, line_format, ledger.take_rejections())
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def _until(lines: Iterator[Any], deadline: float | None) -> Iterator[Any]:
+    for line in lines:
+        yield line
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+
+
+def _noting(frames: Iterator[Frame], written: list[int]) -> Iterator[Frame]:
+    # Lines count as spooled only once append() has fsynced their frame.
+    for frame in frames:
+        yield frame
+        written.append(len(frame.lines))
+
+
+def _lossy_json(record: Any) -> tuple[bytes, str | None]:
+    """The record as JSON for a person to read (non-finite floats as null, odd values as text), and its id."""
+    try:
+        mapping = as_mapping(record, 0)
+        record_id = mapping.get("id")
+        data = orjson.dumps(mapping, default=_repr, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+        return data, record_id if isinstance(record_id, str) else None
+    except Exception as err:  # noqa: BLE001  (a refused record may be refused because it cannot be read)
+        return orjson.dumps({"unreadable": f"{type(err).__name__}: {err}", "repr": _repr(record)}), None
+
+
+def _repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as err:  # noqa: BLE001
+        text = f"<{type(value).__name__}: repr() raised {type(err).__name__}>"
+    return text[:_REPR_CHARS]
+
+
+def rejected_entry(record_json: bytes, record_id: str | None, line_format: str, reason: str, message: str) -> bytes:
+    """One line of a rejected file: the record's id, format, reason and message, then the record.
+
+    ``record_json`` must be one JSON value (it is embedded as it is).
+    """
+    head = orjson.dumps({
+        "id": record_id, "line_format": line_format, "reason": reason, "message": message,
+        "rejected_at": time.time(), "pid": os.getpid(),
+    })  # fmt: skip
+    return head[:-1] + b',"record":' + record_json + b"}"

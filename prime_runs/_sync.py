@@ -1,0 +1,240 @@
+"""``prime-runs sync``: upload what a run directory holds, exactly once, resumable at any point.
+
+Each segment is uploaded in line order with the client's deterministic
+batching. What has been uploaded is recorded in ``sync.json`` (atomically)
+as each batch commits, as the number of leading lines ``done``. The batches a
+sync sends are a function of the file and of that record alone (``done``,
+the lines set aside, and the points where a batch must end), and the record
+is written before anything that depends on it is sent. So a sync that is
+interrupted anywhere and run again sends the very same batches: the service
+replays those it had stored, and nothing is stored twice. ``horizon`` fixes
+where a pass ends while a live writer is still appending to the file.
+
+A batch must also end at both sides of a ``batch`` entry (records that went
+out as one upload whose answer never came): that entry is sent alone, as the
+same bytes, so the service replays it if it had stored it.
+
+A line the service refuses for its own fault is set aside in the sync's
+``rejected-*.jsonl.zst`` and skipped; a refused batch without a named line is
+split in two until the line is found.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from prime_runs._outcomes import RECORD, SIZE_CODES, TRANSIENT, describe, fault_of, rejection_reason
+from prime_runs._segments import (
+    CorruptSegment,
+    Entry,
+    Frame,
+    Scan,
+    SegmentName,
+    SegmentWriter,
+    iter_entry_lines,
+)
+from prime_runs._spool import rejected_entry
+from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
+from prime_traces.errors import TraceTooLargeError, UploadError
+
+logger = logging.getLogger(__name__)
+
+#: Progress callback: (records, uncompressed bytes) just uploaded.
+OnProgress = Callable[[int, int], Any]
+
+
+class SyncStopped(Exception):
+    """A file cannot go on now; ``for_run``: nor can the rest of the run (the service is down or refuses)."""
+
+    def __init__(self, message: str, *, for_run: bool = True) -> None:
+        super().__init__(message)
+        self.for_run = for_run
+
+
+@dataclass
+class FileProgress:
+    """What ``sync.json`` records of one segment."""
+
+    done: int = 0
+    horizon: int | None = None
+    excluded: set[int] = field(default_factory=set)
+    cuts: set[int] = field(default_factory=set)
+
+    @classmethod
+    def load(cls, raw: Any) -> FileProgress:
+        if not isinstance(raw, dict):
+            return cls()
+        horizon = raw.get("horizon")
+        return cls(
+            int(raw.get("done", 0)), int(horizon) if isinstance(horizon, int) else None,
+            {int(n) for n in raw.get("excluded", [])}, {int(n) for n in raw.get("cuts", [])},
+        )  # fmt: skip
+
+    def dump(self) -> dict[str, Any]:
+        return {"done": self.done, "horizon": self.horizon,
+                "excluded": sorted(self.excluded), "cuts": sorted(self.cuts)}  # fmt: skip
+
+    def advance(self, done: int) -> None:
+        self.done = max(self.done, done)
+        self.excluded = {n for n in self.excluded if n >= self.done}
+        self.cuts = {n for n in self.cuts if n > self.done}
+
+
+@dataclass
+class FileOutcome:
+    uploaded: int = 0
+    uploaded_bytes: int = 0
+    rejected: int = 0
+
+
+def pending(found: Scan, progress: FileProgress) -> tuple[int, int]:
+    """Records of a segment not uploaded yet, and (about) their uncompressed bytes."""
+    records = max(0, found.lines - progress.done - len(progress.excluded))
+    size = first = 0
+    for entry in found.entries:
+        if first + entry.lines > progress.done:
+            size += entry.raw_bytes
+        first += entry.lines
+    return records, size
+
+
+class FileSync:
+    """Uploads one segment from where the last sync left it."""
+
+    def __init__(self, client: TracesClient, path: str, scan: Scan, progress: FileProgress, *,
+                 context: dict[str, str], save: Callable[[], None], rejected: SegmentWriter,
+                 on_progress: OnProgress | None = None) -> None:  # fmt: skip
+        name = SegmentName.parse(os.path.basename(path))
+        assert name is not None
+        self.client = client
+        self.path = path
+        self.line_format = name.kind
+        self.scan = scan
+        self.p = progress
+        self.context = context
+        self.save = save
+        self.rejected_writer = rejected
+        self.on_progress = on_progress
+        self.outcome = FileOutcome()
+        self.total = scan.lines
+        self._starts: list[int] = []
+        first = 0
+        for entry in scan.entries:
+            self._starts.append(first)
+            first += entry.lines
+
+    def left(self) -> tuple[int, int]:
+        """Records and (about) uncompressed bytes not uploaded yet."""
+        return pending(self.scan, self.p)
+
+    def run(self) -> None:
+        """Upload up to the end of the file's whole entries; raises :class:`SyncStopped`."""
+        if self.p.done > self.total:
+            raise SyncStopped(f"{self.path} has fewer lines ({self.total}) than were uploaded ({self.p.done}): "
+                              "it changed since the last sync; nothing more is uploaded from it", for_run=False)  # fmt: skip
+        while self.p.done < self.total:
+            if self.p.horizon is None or self.p.horizon <= self.p.done:
+                self.p.horizon = self.total
+                self.save()  # before any batch that depends on it
+            start = self.p.done
+            end, unit = self._next_cut(start)
+            self._upload(start, end, unit)
+
+    def _next_cut(self, start: int) -> tuple[int, Entry | None]:
+        assert self.p.horizon is not None
+        cuts = {self.p.horizon, *(c for c in self.p.cuts if c > start)}
+        for entry, first in zip(self.scan.entries, self._starts):
+            if entry.batch:
+                if first == start:
+                    return min(cuts | {first + entry.lines}), entry
+                if first > start:
+                    cuts.add(first)
+        return min(cuts), None
+
+    def _lines(self, start: int, end: int, numbers: list[int]) -> Iterator[bytes]:
+        wanted = [(e, f) for e, f in zip(self.scan.entries, self._starts) if f + e.lines > start and f < end]
+        try:
+            for (_entry, lines), (_e, first) in zip(iter_entry_lines(self.path, [e for e, _ in wanted]), wanted):
+                for offset, line in enumerate(lines):
+                    number = first + offset
+                    if start <= number < end and number not in self.p.excluded:
+                        numbers.append(number)
+                        yield line
+        except CorruptSegment as err:
+            raise SyncStopped(f"{err}; the lines after it are not uploaded", for_run=False) from None
+
+    def _upload(self, start: int, end: int, unit: Entry | None) -> None:
+        numbers: list[int] = []
+        target = DEFAULT_TARGET_BATCH_BYTES
+        if unit is not None:  # sent alone, as the one upload it was
+            target = min(MAX_BATCH_BYTES, max(target, unit.raw_bytes))
+
+        def on_batch(batch: Any, _receipt: Any) -> None:
+            self.p.advance(numbers[batch.line_indexes[-1]] + 1)
+            self.outcome.uploaded += batch.line_count
+            self.outcome.uploaded_bytes += batch.size_bytes
+            self.save()
+            if self.on_progress is not None:
+                self.on_progress(batch.line_count, batch.size_bytes)
+
+        try:
+            self.client.upload_lines(self._lines(start, end, numbers), line_format=self.line_format,
+                                     context=self.context, target_batch_bytes=target, on_batch=on_batch)  # fmt: skip
+        except TraceTooLargeError as err:
+            self._set_aside(numbers[err.line_index], "rejected:trace_too_large", str(err))
+            return
+        except UploadError as err:
+            self._settle(err, numbers)
+            return
+        self.p.advance(end)
+        self.save()
+
+    def _settle(self, err: UploadError, numbers: list[int]) -> None:
+        if isinstance(err.error, TraceTooLargeError):
+            self._set_aside(numbers[err.error.line_index], "rejected:trace_too_large", str(err.error))
+            return
+        failed = err.report.first_failure
+        if failed is None:
+            raise SyncStopped(f"{self.path}: {err}")
+        fault = fault_of(failed)
+        if fault == TRANSIENT:
+            raise SyncStopped(f"could not upload {self.path}: {failed.error}")
+        if fault != RECORD:
+            raise SyncStopped(f"the service refused {self.path}: {describe(failed)}")
+        batch = [numbers[j] for j in failed.line_indexes]
+        if failed.rejected_line is not None and failed.code not in SIZE_CODES:
+            self._set_aside(numbers[failed.rejected_line], rejection_reason(failed), describe(failed))
+        elif len(batch) == 1:
+            self._set_aside(batch[0], rejection_reason(failed), describe(failed))
+        else:  # no line named: split the batch until the line is found
+            self.p.cuts.add(batch[len(batch) // 2])
+            self.save()
+
+    def _set_aside(self, number: int, reason: str, message: str) -> None:
+        line = self._line_at(number)
+        try:
+            record_id = orjson.loads(line).get("id")
+            record_json = line
+        except (orjson.JSONDecodeError, AttributeError):
+            record_id, record_json = None, orjson.dumps(line.decode("utf-8", "replace"))
+        entry = rejected_entry(record_json, record_id if isinstance(record_id, str) else None,
+                               self.line_format, reason, message)  # fmt: skip
+        self.rejected_writer.append([Frame([entry])])
+        self.p.excluded.add(number)
+        self.outcome.rejected += 1
+        self.save()
+        logger.warning("%s line %d (%s) refused: %s; kept in %s", self.path, number + 1, record_id, message,
+                       self.rejected_writer.path)  # fmt: skip
+
+    def _line_at(self, number: int) -> bytes:
+        for entry, first in zip(self.scan.entries, self._starts):
+            if first <= number < first + entry.lines:
+                _entry, lines = next(iter_entry_lines(self.path, [entry]))
+                return lines[number - first]
+        raise IndexError(number)
