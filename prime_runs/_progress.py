@@ -53,6 +53,7 @@ class Progress:
         self.records = self.size = 0
         self._started = self._shown = clock()
         self._drawn = False
+        self._last: str | None = None
 
     def start(self, records: int, size: int) -> None:
         self.records_total, self.size_total = records, size
@@ -77,15 +78,18 @@ class Progress:
 
     def _show(self) -> None:
         self._shown = self.clock()
+        self._last = self.line()
         if self.tty:
-            self.stream.write("\r\x1b[K" + self.line())
+            self.stream.write("\r\x1b[K" + self._last)
             self._drawn = True
         else:
-            self.stream.write(self.line() + "\n")
+            self.stream.write(self._last + "\n")
         self.stream.flush()
 
     def close(self) -> None:
-        """End the progress line (a terminal's is left showing the final count)."""
+        """Show the final count (a terminal's line is left showing it)."""
         if self.tty and self._drawn:
             self.stream.write("\r\x1b[K" + self.line() + "\n")
             self.stream.flush()
+        elif not self.tty and self.records and self.line() != self._last:
+            self._show()

@@ -171,12 +171,14 @@ def _repr(value: Any) -> str:
 
 
 def rejected_entry(record_json: bytes, record_id: str | None, line_format: str, reason: str, message: str) -> bytes:
-    """One line of a rejected file: the record's id, format, reason and message, then the record.
+    """One line of a rejected file: the record's id, format, error code, reason and message, then the record.
 
-    ``record_json`` must be one JSON value (it is embedded as it is).
+    ``code`` is the service's error code (``invalid_trace``...) or the local one
+    (``invalid_record``, ``record_too_large``); ``record_json`` must be one JSON
+    value (it is embedded as it is).
     """
     head = orjson.dumps({
-        "id": record_id, "line_format": line_format, "reason": reason, "message": message,
-        "rejected_at": time.time(), "pid": os.getpid(),
+        "id": record_id, "line_format": line_format, "code": reason.rpartition(":")[2], "reason": reason,
+        "message": message, "rejected_at": time.time(), "pid": os.getpid(),
     })  # fmt: skip
     return head[:-1] + b',"record":' + record_json + b"}"

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 
+from prime_traces._batching import iter_file_lines
 from prime_traces._config import (
     ENV_API_KEY,
     ENV_TEAM_ID,
@@ -26,7 +27,6 @@ from prime_traces._config import (
 )
 from prime_traces._models import TraceSummary
 from prime_traces._read_api import ReadAPI
-from prime_traces._transport import Transport
 from prime_traces.client import TracesClient
 from prime_traces.errors import PrimeTracesError, UploadError
 
@@ -127,13 +127,12 @@ def add_client_commands(subparsers: Any) -> None:
 def _command(body: Command) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         api_key = args.api_key
-        transport: Transport | None = None
+        client: TracesClient | None = None
         try:
             config = resolve_config(api_key=args.api_key, base_url=args.base_url, team_id=args.team_id)
             api_key = config.api_key
             options = {"max_in_flight": args.max_in_flight} if getattr(args, "max_in_flight", None) else {}
             client = TracesClient(config.api_key, config.base_url, config.team_id, **options)
-            transport = client._transport
             body(client, args)
             return 0
         except KeyboardInterrupt:
@@ -146,8 +145,8 @@ def _command(body: Command) -> Callable[[argparse.Namespace], int]:
             _fail(f"unexpected error: {type(err).__name__}: {err}", api_key)
             return 1
         finally:
-            if transport is not None:
-                transport.close()
+            if client is not None:
+                client.close()  # its upload threads too, not only its sessions
 
     return run
 
@@ -189,7 +188,7 @@ def _upload(api: ReadAPI, args: argparse.Namespace) -> None:
     context = dict(args.context) if args.context else None
     line_format = "episode" if args.episode else "trace"
     try:
-        receipts = api.upload_file(args.path, line_format=line_format, context=context)
+        receipts = api.upload_lines(_whole_lines(args.path), line_format=line_format, context=context)
     except UploadError as err:
         raise PrimeTracesError(f"{err} (re-running the upload resends only what is missing)") from err
     if args.json:
@@ -198,6 +197,32 @@ def _upload(api: ReadAPI, args: argparse.Namespace) -> None:
     for receipt in receipts:
         print(f"{receipt.upload_id}  {receipt.status}")
     print(f"{len(receipts)} batch(es) committed from {args.path}")
+
+
+def _whole_lines(path: str) -> Iterator[bytes]:
+    """The lines of a JSONL file, but a torn last line (no newline, not JSON) is set aside with a warning.
+
+    A writer that died mid-line leaves one; the rest of the file is whole and
+    is uploaded. The torn bytes are kept in ``PATH.torn`` for inspection.
+    """
+    previous: bytes | None = None
+    for line in iter_file_lines(path):
+        if previous is not None:
+            yield previous
+        previous = line
+    if previous is None:
+        return
+    if not previous.endswith(b"\n") and previous.strip():
+        try:
+            orjson.loads(previous)
+        except orjson.JSONDecodeError:
+            aside = f"{path}.torn"
+            with open(aside, "wb") as handle:
+                handle.write(previous)
+            print(f"{PROG}: {path}: the last line is torn ({len(previous)} bytes, no newline, not JSON); "
+                  f"set aside in {aside}, uploading the rest", file=sys.stderr)  # fmt: skip
+            return
+    yield previous
 
 
 def _list(api: ReadAPI, args: argparse.Namespace) -> None:

@@ -140,3 +140,32 @@ def test_key_and_url_come_from_the_environment(svc: LocalTracesService, capsys: 
     assert main(["get", "t-3", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["trace_id"] == "t-3" and err == ""
+
+
+def _jsonl(*docs: dict) -> bytes:
+    return b"".join(orjson.dumps(d) + b"\n" for d in docs)
+
+
+@pytest.mark.parametrize("tail", [b'{"id": "t-torn", "timing": {"sta', b""], ids=["torn-last-line", "whole"])
+def test_upload_sets_a_torn_last_line_aside_and_uploads_the_rest(svc, capsys, tmp_path, tail):
+    now = time.time()
+    path = tmp_path / "traces.jsonl"
+    path.write_bytes(_jsonl(make_trace("u-1", start=now), make_trace("u-2", start=now)) + tail)
+    code, out, err = run(svc, capsys, "upload", str(path))
+    assert code == 0, err
+    assert out.endswith(f"1 batch(es) committed from {path}\n")
+    assert run(svc, capsys, "get", "u-2")[0] == 0
+    if tail:
+        assert "the last line is torn" in err and f"set aside in {path}.torn" in err
+        assert (tmp_path / "traces.jsonl.torn").read_bytes() == tail
+    else:
+        assert err == "" and not (tmp_path / "traces.jsonl.torn").exists()
+
+
+def test_upload_keeps_a_whole_last_line_without_its_newline(svc, capsys, tmp_path):
+    now = time.time()
+    path = tmp_path / "traces.jsonl"
+    path.write_bytes(_jsonl(make_trace("v-1", start=now)) + orjson.dumps(make_trace("v-2", start=now)))
+    code, _out, err = run(svc, capsys, "upload", str(path))
+    assert (code, err) == (0, "")
+    assert run(svc, capsys, "get", "v-2")[0] == 0

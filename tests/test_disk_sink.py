@@ -145,7 +145,7 @@ def test_a_record_the_service_would_refuse_is_set_aside_with_the_services_own_wo
     stamped = STAMP.apply(record, "episode")
     with LocalTracesService(tmp_path / "db") as svc:
         answer = post_upload(svc.url, jsonl([stamped]), line_format="episode").json()["error"]
-    assert kept["reason"] == f"rejected:{answer['code']}"
+    assert (kept["code"], kept["reason"]) == (answer["code"], f"rejected:{answer['code']}")
     assert counts(accounting)["failed"] == {kept["reason"]: 1}
     assert kept["message"] == f"record 1: {answer['message'].removeprefix('line 1: ')}"
     assert accounting.unaccounted("offline") == 0

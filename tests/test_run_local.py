@@ -1,0 +1,71 @@
+"""An online run's directory: empty when all goes well, the spool when not, a copy with save_local."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from _run_helpers import FLUSH_TIMEOUT_S, MARKER, episodes, identity_holds, isolated, local_records, online  # noqa: F401
+from prime_traces.server import LocalTracesService
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_healthy_online_run_leaves_nothing_on_disk(isolated, service):
+    run = online(service, dir=isolated / "runs")
+    assert run.log_episodes(episodes("e", 20))
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    assert run.dir is not None and not Path(run.dir).exists()
+    assert not (isolated / "runs").exists()
+
+
+def test_save_local_keeps_a_copy_of_every_record_and_the_run(isolated, service):
+    service.faults.reject_marker = MARKER
+    run = online(service, dir=isolated / "runs", save_local=True, config={"lr": 3})
+    logged = episodes("e", 12, poisoned=(5,))
+    assert run.log_episodes(logged)
+    run.log({"reward": 1.0}, step=0)
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    local = Path(run.dir) / "local"
+    copies = local_records(local, "episode")
+    assert [c["id"] for c in copies] == [e["id"] for e in logged]  # the service's refusal changes no copy
+    assert all(c["run"]["id"] == run.id for c in copies)
+    document = orjson.loads((Path(run.dir) / "run.json").read_bytes())
+    assert (document["status"], document["config"], document["summary"]) == ("completed", {"lr": 3}, {"reward": 1.0, "step": 0})
+    counts = run.stats()["sinks"]
+    assert counts["local"]["stored"] == 12 and counts["traces"]["stored"] == 11
+    assert identity_holds(run, "local") and identity_holds(run, "traces")
+    # The one record the service refused is set aside, with the service's reason; nothing else is spooled.
+    [kept] = local_records(run.dir, "rejected")
+    assert (kept["id"], kept["code"]) == ("e5", "invalid_trace")
+    assert local_records(run.dir, "episode") == []
+
+
+def test_finish_says_what_it_kept_where_and_how_to_upload_it(isolated, tmp_path, caplog):
+    with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
+        run = online(hung, dir=isolated / "runs")
+        assert run.log_episodes(episodes("e", 10))
+        with caplog.at_level(logging.WARNING, logger="prime_runs"):
+            run.finish(timeout_s=1)
+    where = str(Path(run.dir).resolve())
+    said = [r.getMessage() for r in caplog.records if r.name == "prime_runs.run"]
+    assert any(f"10 records were not delivered (deadline: 10) and are saved in {where}; upload them with: "
+               f"prime-runs sync {where}" in m for m in said), said  # fmt: skip
+
+
+def test_a_status_the_service_never_confirmed_is_kept_for_the_sync(isolated, service):
+    run = online(service, dir=isolated / "runs")
+    assert run.log_episodes(episodes("e", 3))
+    assert run.flush(FLUSH_TIMEOUT_S)
+    service.faults.latency_ms = 5_000  # the status request cannot be answered within finish()
+    started = time.monotonic()
+    run.finish(timeout_s=1)
+    assert time.monotonic() - started < 1 + 1.5
+    service.faults.latency_ms = 0
+    document = orjson.loads((Path(run.dir) / "run.json").read_bytes())
+    assert document["status"] == "completed" and document["service_url"] == service.url
+    assert local_records(run.dir, "episode") == []  # every record had been delivered
