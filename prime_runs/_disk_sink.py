@@ -76,11 +76,13 @@ class DiskSink:
             frames = frames_of(_until_cancelled(encoded, cancel))
             self.files.writer(line_format).append(_noting(frames, written))
         except OSError as err:
-            # The writer cut the partial entries off again: none of this write is on disk.
+            # The writer cut the partial entries off again; only entries fsynced before a rollover stay.
+            durable = written[: getattr(err, "durable_frames", 0)]
+            ledger.stored(encoded.line_records[: sum(n for n, _ in durable)], sum(size for _, size in durable))
             rejected = {position for position, _ in encoded.errors}
             lost = [i for i in range(len(records)) if i not in rejected]
-            ledger.failed(lost, DISK_ERROR)
-            logger.warning("%s sink: %d records not written to %s: %s", self.name, len(lost), self.directory, err)
+            ledger.failed(lost, DISK_ERROR)  # (the stored ones are no longer open: not counted twice)
+            logger.warning("%s sink: records not written to %s: %s", self.name, self.directory, err)
             self.spool.set_aside(records, line_format, ledger)
             return SinkStatus.TRANSIENT
         lines = sum(count for count, _ in written)

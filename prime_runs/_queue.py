@@ -77,6 +77,7 @@ class RecordQueue:
         self.queued_records = 0
         self.queued_bytes = 0.0
         self._next_seq = 1
+        self._taken_seq = 0
         self._done_seq = 0
         self._closed = False
         self.burst = DropBurst()
@@ -123,6 +124,7 @@ class RecordQueue:
                 self.queued_records -= write.count
                 self.queued_bytes -= write.est_bytes
                 taken.append(write)
+                self._taken_seq = write.seq
             if not self._writes:
                 self.queued_bytes = 0.0  # no drift from re-estimated sizes
             if taken and on_take is not None:
@@ -140,6 +142,11 @@ class RecordQueue:
     def last_seq(self) -> int:
         with self._cond:
             return self._next_seq - 1
+
+    def taken_seq(self) -> int:
+        """The last write the worker took (later ones are still queued, or were handed back by close)."""
+        with self._cond:
+            return self._taken_seq
 
     def wait_done(self, seq: int, deadline: float | None) -> bool:
         """Wait until every write up to ``seq`` is done, or ``deadline`` (monotonic)."""

@@ -88,6 +88,31 @@ class RunFile:
         if self.dirty:
             self.save()
 
-    def release(self) -> None:
-        """Give up the owner lock (the run is finished)."""
-        self.rundir.release_owner_lock()
+    def close(self, timeout_s: float, *, activate: bool = False) -> bool:
+        """Write ``run.json`` a last time and give up the owner lock, waiting at most ``timeout_s``.
+
+        With ``activate``, the file is started now if it was not kept yet (an
+        online run whose final status the service did not confirm). The write
+        runs on a daemon thread: a disk that hangs must not hold ``finish()``
+        (or exit). Returns whether it finished in time.
+        """
+        done = threading.Event()
+
+        def finish() -> None:
+            try:
+                if not (activate and not self.active and self.activate()):
+                    self.save()  # (activate() has just written it)
+                self.rundir.release_owner_lock()
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=finish, name=f"prime-runs-run-json-{self.rundir.run_id}", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            finish()
+        if not done.wait(max(0.0, timeout_s)):
+            logger.warning("run %s: %s/run.json was not written within %.1f s (is the disk stalled?)",
+                           self.rundir.run_id, self.rundir.path, timeout_s)  # fmt: skip
+            return False
+        return True

@@ -28,7 +28,8 @@ from typing import Any
 
 import orjson
 
-from prime_runs._segments import DATA_KINDS, REJECTED, Scan, fsync_directory, scan, segment_files
+from prime_runs._segment_reader import Scan, scan
+from prime_runs._segments import DATA_KINDS, REJECTED, fsync_directory, segment_files
 from prime_runs.errors import PrimeRunsError
 from prime_traces._pool import call_in_forked_child
 
@@ -101,7 +102,8 @@ def write_json_atomic(path: str, document: Any) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=_TMP_SUFFIX, dir=directory)
         try:
             with os.fdopen(fd, "wb") as handle:
-                os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide the run from its team
+                if hasattr(os, "fchmod"):
+                    os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide the run from its team
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())

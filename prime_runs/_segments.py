@@ -14,12 +14,14 @@ fate, to be sent again exactly as they were so that the service replays
 instead of storing them twice.
 
 The writer holds an exclusive ``flock`` on the file it appends to, released
-by the kernel however the process ends: :func:`scan` with ``repair`` cuts a
-torn tail only off files no live process holds.
+by the kernel however the process ends: reading and repairing
+(:mod:`prime_runs._segment_reader`) cut a torn tail only off files no live
+process holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -29,7 +31,6 @@ import struct
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import orjson
 import zstandard
@@ -54,11 +55,11 @@ DEFAULT_MAX_SEGMENT_BYTES = 128 * 1024**2
 MAX_FRAME_BYTES = 16 * 1024**2
 ZSTD_LEVEL = 1
 
-_META_MAGIC = 0x184D2A5E  # a zstd skippable frame: decoders pass over it
-_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
-_ZSTD_MAGIC = 0xFD2FB528
-_HEADER = struct.Struct("<II")
-_MAX_META_BYTES = 4096
+META_MAGIC = 0x184D2A5E  # a zstd skippable frame: decoders pass over it
+SKIPPABLE = range(0x184D2A50, 0x184D2A60)
+ZSTD_MAGIC = 0xFD2FB528
+FRAME_HEADER = struct.Struct("<II")
+MAX_META_BYTES = 4096
 _NAME_RE = re.compile(r"^(?P<kind>[a-z]+)-(?P<host>.+)-(?P<pid>\d+)-(?P<seq>\d{6,})" + re.escape(SUFFIX) + "$")
 _HOST_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -146,6 +147,8 @@ class SegmentWriter:
         self._path: str | None = None
         self._size = 0
         self._next_seq = 1
+        self._close_requested = False
+        self._opened = 0  # files opened so far: tells whether an append moved to a new file
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
 
     @property
@@ -154,8 +157,13 @@ class SegmentWriter:
         return self._path
 
     def append(self, frames: Iterable[Frame]) -> int:
-        """Write ``frames`` and fsync; returns the bytes written. Raises ``OSError``."""
-        written = 0
+        """Write ``frames`` and fsync; returns the bytes written.
+
+        Raises ``OSError`` with ``durable_frames``: how many of the frames were
+        already fsynced into an earlier file (a rollover); the rest was cut off
+        again, and the file is never appended to again.
+        """
+        written = frames_done = durable = 0
         with self._lock:
             start: tuple[int, int] | None = None
             try:
@@ -164,17 +172,28 @@ class SegmentWriter:
                         continue
                     entry = encode_entry(self._compressor, frame)
                     fd = self._file_for(len(entry[0]) + len(entry[1]))
-                    if start is None or start[0] != fd:
-                        start = (fd, self._size)
+                    if start is None or start[0] != self._opened:
+                        if start is not None:
+                            durable = frames_done  # the rollover fsynced every frame before this one
+                        start = (self._opened, self._size)
                     _write_all(fd, entry)
                     self._size += len(entry[0]) + len(entry[1])
                     written += len(entry[0]) + len(entry[1])
+                    frames_done += 1
                 if written and self._fd is not None:
                     os.fsync(self._fd)
-            except BaseException:
-                if start is not None and start[0] == self._fd:
-                    self._cut_back(start[1])  # nothing of a failed call stays: the file ends on a whole entry
+            except BaseException as err:
+                if start is not None and start[0] == self._opened and self._fd is not None:
+                    self._cut_back(start[1])  # the file ends on a whole entry
+                # Never appended to again: a live sync may have counted the lines cut off.
+                self._close_file()
+                with contextlib.suppress(AttributeError):
+                    err.durable_frames = durable  # type: ignore[attr-defined]
                 raise
+            finally:
+                if self._close_requested:
+                    self._close_requested = False
+                    self._close_file()
         return written
 
     def _cut_back(self, size: int) -> None:
@@ -210,6 +229,7 @@ class SegmentWriter:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process closes it or dies
         fsync_directory(self.directory)  # the new name must survive a crash too
         self._fd, self._path, self._size = fd, path, 0
+        self._opened += 1
 
     def _close_file(self) -> None:
         if self._fd is not None:
@@ -217,9 +237,14 @@ class SegmentWriter:
         self._fd, self._path, self._size = None, None, 0
 
     def close(self) -> None:
-        """Close the current file (the next append starts a new one)."""
-        with self._lock:
-            self._close_file()
+        """Close the current file (the next append starts a new one); never waits for an append."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close_file()
+            finally:
+                self._lock.release()
+        else:
+            self._close_requested = True  # the append in progress closes it (a hung disk must not hold finish())
 
 
 def encode_entry(compressor: zstandard.ZstdCompressor, frame: Frame) -> tuple[bytes, bytes]:
@@ -238,7 +263,7 @@ def encode_entry(compressor: zstandard.ZstdCompressor, frame: Frame) -> tuple[by
     if frame.batch:
         meta["batch"] = True
     payload = orjson.dumps(meta)
-    return _HEADER.pack(_META_MAGIC, len(payload)) + payload, data
+    return FRAME_HEADER.pack(META_MAGIC, len(payload)) + payload, data
 
 
 def frames_of(lines: Iterable[bytes | LineParts], max_frame_bytes: int = MAX_FRAME_BYTES) -> Iterator[Frame]:
@@ -258,7 +283,7 @@ def frames_of(lines: Iterable[bytes | LineParts], max_frame_bytes: int = MAX_FRA
 def _write_all(fd: int, buffers: tuple[bytes, ...]) -> None:
     views = [memoryview(b) for b in buffers if b]
     while views:
-        done = os.writev(fd, views)
+        done = os.writev(fd, views) if hasattr(os, "writev") else os.write(fd, views[0])  # (Windows has no writev)
         while views and done >= len(views[0]):
             done -= len(views[0])
             views.pop(0)
@@ -278,182 +303,3 @@ def fsync_directory(directory: str) -> None:
             raise
     finally:
         os.close(fd)
-
-
-# -- reading -------------------------------------------------------------------
-
-
-@dataclass
-class Entry:
-    """One entry of a segment: where its zstd frame is, and what it holds."""
-
-    offset: int  # where the entry starts (its metadata, if any)
-    data_offset: int
-    data_bytes: int  # compressed
-    lines: int
-    raw_bytes: int
-    batch: bool = False
-
-
-@dataclass
-class Scan:
-    """The whole entries of a segment, and what was wrong with its tail."""
-
-    path: str
-    entries: list[Entry]
-    size: int  # bytes up to the end of the last whole entry
-    torn_bytes: int = 0  # bytes past it (cut off when repaired)
-    problem: str | None = None
-    live: bool = False  # a live writer holds the file: its tail may still be growing
-
-    @property
-    def lines(self) -> int:
-        return sum(e.lines for e in self.entries)
-
-    @property
-    def raw_bytes(self) -> int:
-        return sum(e.raw_bytes for e in self.entries)
-
-
-class _Torn(Exception):
-    pass
-
-
-def scan(path: str, *, repair: bool = False, verify_last: bool = True) -> Scan:
-    """Walk the entries of ``path``; with ``repair``, cut a torn tail off (unless a live writer holds it).
-
-    An entry is whole when its metadata and frame are complete and, for the
-    last entry, when its frame decodes to exactly the lines its metadata
-    counts, ending with a newline. Anything after the last whole entry is torn.
-    """
-    with open(path, "rb+" if repair else "rb") as handle:
-        live = False
-        if fcntl is not None:
-            try:
-                fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if repair else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-            except BlockingIOError:
-                live = True
-        total = os.fstat(handle.fileno()).st_size
-        entries, problem = _walk(handle, total)
-        if verify_last and entries and not live:
-            try:
-                _check(read_entry(handle, entries[-1]), entries[-1])
-            except _Torn as err:
-                problem = str(err)
-                entries.pop()
-        end = entries[-1].data_offset + entries[-1].data_bytes if entries else 0
-        result = Scan(path, entries, end, total - end, problem if total > end else None, live)
-        if live:
-            result.torn_bytes, result.problem = 0, None  # still being written: not torn, only unfinished
-        elif repair and result.torn_bytes:
-            handle.truncate(end)
-            handle.flush()
-            os.fsync(handle.fileno())
-    return result
-
-
-def _walk(handle: BinaryIO, total: int) -> tuple[list[Entry], str | None]:
-    entries: list[Entry] = []
-    pos = 0
-    meta: dict[str, object] | None = None
-    meta_at = 0
-    while pos < total:
-        handle.seek(pos)
-        header = handle.read(_HEADER.size)
-        if len(header) < 4:
-            return entries, f"{len(header)} stray bytes at the end"
-        magic = int.from_bytes(header[:4], "little")
-        if magic == _ZSTD_MAGIC:
-            try:
-                data_bytes, lines, raw = _measure_frame(handle, pos) if meta is None else _from_meta(meta, pos, total)
-            except _Torn as err:
-                return entries, str(err)
-            batch = bool(meta.get("batch")) if meta is not None else False
-            start = meta_at if meta is not None else pos
-            entries.append(Entry(start, pos, data_bytes, lines, raw, batch))
-            pos += data_bytes
-            meta = None
-            continue
-        if len(header) < _HEADER.size or magic not in _SKIPPABLE:
-            return entries, f"no frame at byte {pos}"
-        (size,) = struct.unpack_from("<I", header, 4)
-        if pos + _HEADER.size + size > total:
-            return entries, f"a metadata frame at byte {pos} is cut short"
-        if magic == _META_MAGIC and meta is None and size <= _MAX_META_BYTES:
-            try:
-                parsed = orjson.loads(handle.read(size))
-            except orjson.JSONDecodeError:
-                return entries, f"unreadable metadata at byte {pos}"
-            meta, meta_at = parsed if isinstance(parsed, dict) else {}, pos
-        elif magic == _META_MAGIC:
-            return entries, f"metadata without its frame at byte {meta_at}"
-        pos += _HEADER.size + size
-    if meta is not None:
-        return entries, f"metadata at byte {meta_at} without its frame"
-    return entries, None
-
-
-def _from_meta(meta: dict[str, object], pos: int, total: int) -> tuple[int, int, int]:
-    try:
-        data_bytes, lines, raw = int(meta["zbytes"]), int(meta["lines"]), int(meta["bytes"])  # type: ignore[call-overload]
-    except (KeyError, TypeError, ValueError):
-        raise _Torn(f"metadata before byte {pos} is incomplete") from None
-    if pos + data_bytes > total:
-        raise _Torn(f"the frame at byte {pos} is cut short ({total - pos} of {data_bytes} bytes)")
-    return data_bytes, lines, raw
-
-
-def _measure_frame(handle: BinaryIO, pos: int) -> tuple[int, int, int]:
-    """A frame without our metadata (written by another tool): decode it to find its end."""
-    handle.seek(pos)
-    stream = zstandard.ZstdDecompressor().decompressobj()
-    consumed = lines = raw = 0
-    tail = b""
-    try:
-        while not stream.eof:
-            chunk = handle.read(1 << 20)
-            if not chunk:
-                raise _Torn(f"the frame at byte {pos} is cut short")
-            out = stream.decompress(chunk)
-            lines += out.count(b"\n")
-            raw += len(out)
-            tail = (tail + out)[-1:] if out else tail
-            consumed += len(chunk) - len(stream.unused_data)
-    except zstandard.ZstdError as err:
-        raise _Torn(f"the frame at byte {pos} does not decode: {err}") from None
-    if raw == 0 or tail != b"\n":
-        raise _Torn(f"the frame at byte {pos} does not end with a whole line")
-    return consumed, lines, raw
-
-
-def read_entry(handle: BinaryIO, entry: Entry) -> bytes:
-    """The uncompressed lines of ``entry``."""
-    handle.seek(entry.data_offset)
-    data = handle.read(entry.data_bytes)
-    try:
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    except zstandard.ZstdError as err:
-        raise _Torn(f"the frame at byte {entry.data_offset} does not decode: {err}") from None
-
-
-def _check(body: bytes, entry: Entry) -> None:
-    if not body:
-        raise _Torn(f"the frame at byte {entry.data_offset} is empty")
-    if len(body) != entry.raw_bytes or body.count(b"\n") != entry.lines or not body.endswith(b"\n"):
-        raise _Torn(f"the frame at byte {entry.data_offset} does not hold the whole lines it should")
-
-
-class CorruptSegment(Exception):
-    """An entry in the middle of a segment does not decode (the disk changed it)."""
-
-
-def iter_entry_lines(path: str, entries: list[Entry]) -> Iterator[tuple[Entry, list[bytes]]]:
-    """Each entry with its lines (without their newlines), decoded one entry at a time."""
-    with open(path, "rb") as handle:
-        for entry in entries:
-            try:
-                body = read_entry(handle, entry)
-                _check(body, entry)
-            except _Torn as err:
-                raise CorruptSegment(f"{path}: {err}") from None
-            yield entry, body.split(b"\n")[:-1]

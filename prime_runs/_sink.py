@@ -46,11 +46,16 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Undelivered:
-    """Records a sink could not store, not for their own fault; ``batch``: they went out as one upload."""
+    """Records a sink could not store, not for their own fault.
+
+    ``batch``: they went out as one upload whose fate is unknown, with the
+    idempotency ``key`` it had (when the sink knows it).
+    """
 
     indexes: tuple[int, ...]
     reason: str
     batch: bool = False
+    key: str | None = None
 
 
 class Ledger:
@@ -109,7 +114,8 @@ class Ledger:
         if taken:
             self._accounting.count_failed(self.sink, 1, reason)
 
-    def undelivered(self, indexes: Iterable[int], reason: str, *, batch: bool = False) -> None:
+    def undelivered(self, indexes: Iterable[int], reason: str, *, batch: bool = False,
+                    key: str | None = None) -> None:  # fmt: skip
         """Not stored, not for the records' fault: to be spooled (or failed with ``reason``)."""
         with self._lock:
             if self._closed:
@@ -120,7 +126,7 @@ class Ledger:
                     self._state[index] = _UNDELIVERED
                     marked.append(index)
             if marked:
-                self._undelivered.append(Undelivered(tuple(marked), reason, batch))
+                self._undelivered.append(Undelivered(tuple(marked), reason, batch, key if batch else None))
 
     def spooled(self, indexes: Iterable[int], reason: str) -> None:
         """Written to the run directory, for ``prime-runs sync`` to upload; ``reason`` says why."""
@@ -144,7 +150,8 @@ class Ledger:
             for group in self._undelivered:
                 still = tuple(i for i in group.indexes if self._state[i] == _UNDELIVERED)
                 if still:
-                    left.append(Undelivered(still, group.reason, group.batch and still == group.indexes))
+                    whole = group.batch and still == group.indexes
+                    left.append(Undelivered(still, group.reason, whole, group.key if whole else None))
             opened = tuple(i for i in range(self.records) if self._state[i] == _OPEN)
             if opened:
                 left.append(Undelivered(opened, reason))

@@ -15,6 +15,7 @@ service replays it if it had stored it: nothing is stored twice.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -115,19 +116,35 @@ class Spool:
             try:
                 if group.batch:
                     lines = list(encoded)
-                    # A record that no longer encodes as it did cannot be part of the replay.
-                    frames: Iterator[Frame] = iter([Frame(lines, batch=not encoded.errors)])
+                    frames: Iterator[Frame] = iter([Frame(lines, batch=self._same_upload(lines, group, encoded))])
                 else:
                     frames = frames_of(_until(encoded, deadline))
                 self.files.writer(line_format).append(_noting(frames, written))
             except OSError as err:
-                logger.warning("could not spool %d records to %s: %s", len(group.indexes), self.directory, err)
+                # Only entries fsynced before a rollover stay; the rest was cut off again.
+                kept = sum(written[: getattr(err, "durable_frames", 0)])
+                ledger.spooled([group.indexes[encoded.line_records[j]] for j in range(kept)], group.reason)
                 ledger.failed(group.indexes, DISK_ERROR)
+                logger.warning("could not spool %d records to %s: %s", len(group.indexes) - kept, self.directory, err)
+                spooled += kept
                 continue
             ledger.spooled([group.indexes[encoded.line_records[j]] for j in range(sum(written))], group.reason)
             spooled += sum(written)
         self.set_aside(records, line_format, ledger)
         return spooled
+
+    def _same_upload(self, lines: list[Any], group: Undelivered, encoded: EncodedWrite) -> bool:
+        """Whether ``lines`` are the very bytes of the upload they went out in (else it cannot be replayed)."""
+        digest = hashlib.sha256()
+        for line in lines:
+            for part in (line,) if isinstance(line, (bytes, bytearray)) else line:
+                digest.update(part)
+            digest.update(b"\n")
+        if not encoded.errors and (group.key is None or group.key == f"sha256:{digest.hexdigest()}"):
+            return True
+        logger.warning("%d records of an upload whose answer never came changed after they were logged; if the "
+                       "service stored that upload, a sync stores them again", len(group.indexes))  # fmt: skip
+        return False
 
     def set_aside(self, records: Sequence[Any], line_format: str, ledger: Ledger) -> None:
         """Keep the records ``ledger`` reports refused for their own fault (each once)."""

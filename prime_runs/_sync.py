@@ -21,6 +21,7 @@ split in two until the line is found.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -30,15 +31,8 @@ from typing import Any
 import orjson
 
 from prime_runs._outcomes import RECORD, SIZE_CODES, TRANSIENT, describe, fault_of, rejection_reason
-from prime_runs._segments import (
-    CorruptSegment,
-    Entry,
-    Frame,
-    Scan,
-    SegmentName,
-    SegmentWriter,
-    iter_entry_lines,
-)
+from prime_runs._segment_reader import Entry, Scan, iter_entry_lines
+from prime_runs._segments import Frame, SegmentName, SegmentWriter
 from prime_runs._spool import rejected_entry
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
 from prime_traces.errors import TraceTooLargeError, UploadError
@@ -50,21 +44,29 @@ OnProgress = Callable[[int, int], Any]
 
 
 class SyncStopped(Exception):
-    """A file cannot go on now; ``for_run``: nor can the rest of the run (the service is down or refuses)."""
+    """The run cannot go on now: the service is down, or refuses the uploads."""
 
-    def __init__(self, message: str, *, for_run: bool = True) -> None:
-        super().__init__(message)
-        self.for_run = for_run
+
+Span = tuple[int, int]  # lines [start, end)
 
 
 @dataclass
 class FileProgress:
-    """What ``sync.json`` records of one segment."""
+    """What ``sync.json`` records of one segment.
+
+    ``done``: the leading lines uploaded or set aside. ``horizon``: where the
+    current pass ends. ``excluded``: lines set aside (refused). ``cuts``: where
+    a batch must end. ``uploaded``: spans past ``done`` that were stored out of
+    order (a batch before them failed). ``unreadable``: spans of entries that
+    do not decode.
+    """
 
     done: int = 0
     horizon: int | None = None
     excluded: set[int] = field(default_factory=set)
     cuts: set[int] = field(default_factory=set)
+    uploaded: list[Span] = field(default_factory=list)
+    unreadable: list[Span] = field(default_factory=list)
 
     @classmethod
     def load(cls, raw: Any) -> FileProgress:
@@ -74,16 +76,51 @@ class FileProgress:
         return cls(
             int(raw.get("done", 0)), int(horizon) if isinstance(horizon, int) else None,
             {int(n) for n in raw.get("excluded", [])}, {int(n) for n in raw.get("cuts", [])},
+            [(int(a), int(b)) for a, b in raw.get("uploaded", [])],
+            [(int(a), int(b)) for a, b in raw.get("unreadable", [])],
         )  # fmt: skip
 
     def dump(self) -> dict[str, Any]:
-        return {"done": self.done, "horizon": self.horizon,
-                "excluded": sorted(self.excluded), "cuts": sorted(self.cuts)}  # fmt: skip
+        return {"done": self.done, "horizon": self.horizon, "excluded": sorted(self.excluded),
+                "cuts": sorted(self.cuts), "uploaded": sorted(self.uploaded), "unreadable": sorted(self.unreadable)}  # fmt: skip
+
+    def skip_test(self) -> Callable[[int], bool]:
+        """A test of whether a line is never to be sent (again), fixed at the time of the call."""
+        spans = _merged([*self.uploaded, *self.unreadable])
+        starts = [a for a, _ in spans]
+        excluded = frozenset(self.excluded)
+
+        def skipped(number: int) -> bool:
+            at = bisect.bisect_right(starts, number) - 1
+            return number in excluded or (at >= 0 and number < spans[at][1])
+
+        return skipped
 
     def advance(self, done: int) -> None:
         self.done = max(self.done, done)
         self.excluded = {n for n in self.excluded if n >= self.done}
         self.cuts = {n for n in self.cuts if n > self.done}
+        self.uploaded = [(a, b) for a, b in self.uploaded if b > self.done]
+
+    def not_sent(self, total: int) -> int:
+        """Lines from ``done`` to ``total`` that a sync would still send."""
+        spans = _merged([*self.uploaded, *self.unreadable])
+        skipped = sum(max(0, min(b, total) - max(a, self.done)) for a, b in spans)
+        skipped += sum(1 for n in self.excluded if self.done <= n < total and not any(a <= n < b for a, b in spans))
+        return max(0, total - self.done - skipped)
+
+    def unreadable_lines(self) -> int:
+        return sum(b - a for a, b in _merged(self.unreadable))
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 @dataclass
@@ -94,14 +131,14 @@ class FileOutcome:
 
 
 def pending(found: Scan, progress: FileProgress) -> tuple[int, int]:
-    """Records of a segment not uploaded yet, and (about) their uncompressed bytes."""
-    records = max(0, found.lines - progress.done - len(progress.excluded))
+    """Records of a segment not uploaded yet (unreadable ones excluded), and (about) their uncompressed bytes."""
+    records = progress.not_sent(found.lines)
     size = first = 0
     for entry in found.entries:
         if first + entry.lines > progress.done:
             size += entry.raw_bytes
         first += entry.lines
-    return records, size
+    return records, size if records else 0
 
 
 class FileSync:
@@ -136,8 +173,11 @@ class FileSync:
     def run(self) -> None:
         """Upload up to the end of the file's whole entries; raises :class:`SyncStopped`."""
         if self.p.done > self.total:
-            raise SyncStopped(f"{self.path} has fewer lines ({self.total}) than were uploaded ({self.p.done}): "
-                              "it changed since the last sync; nothing more is uploaded from it", for_run=False)  # fmt: skip
+            # A writer cut a failed write back off after a sync had read it; it never appends there again.
+            logger.warning("%s now ends at line %d, before the %d lines uploaded from it: a failed write was "
+                           "cut off it", self.path, self.total, self.p.done)  # fmt: skip
+            self.p.done = self.p.horizon = self.total
+            self.save()
         while self.p.done < self.total:
             if self.p.horizon is None or self.p.horizon <= self.p.done:
                 self.p.horizon = self.total
@@ -158,16 +198,22 @@ class FileSync:
         return min(cuts), None
 
     def _lines(self, start: int, end: int, numbers: list[int]) -> Iterator[bytes]:
-        wanted = [(e, f) for e, f in zip(self.scan.entries, self._starts) if f + e.lines > start and f < end]
-        try:
-            for (_entry, lines), (_e, first) in zip(iter_entry_lines(self.path, [e for e, _ in wanted]), wanted):
-                for offset, line in enumerate(lines):
-                    number = first + offset
-                    if start <= number < end and number not in self.p.excluded:
-                        numbers.append(number)
-                        yield line
-        except CorruptSegment as err:
-            raise SyncStopped(f"{err}; the lines after it are not uploaded", for_run=False) from None
+        firsts = {id(e): f for e, f in zip(self.scan.entries, self._starts)}
+        wanted = [e for e, f in zip(self.scan.entries, self._starts) if f + e.lines > start and f < end]
+        skipped = self.p.skip_test()  # spans added while this runs are of lines already sent
+        for entry, lines in iter_entry_lines(self.path, wanted, on_corrupt=self._unreadable):
+            first = firsts[id(entry)]
+            for offset, line in enumerate(lines):
+                number = first + offset
+                if start <= number < end and not skipped(number):
+                    numbers.append(number)
+                    yield line
+
+    def _unreadable(self, entry: Entry, problem: str) -> None:
+        # The disk changed an entry: it is the same every time, so passing over it keeps batches deterministic.
+        first = self._starts[self.scan.entries.index(entry)]
+        self.p.unreadable.append((first, first + entry.lines))
+        logger.error("%s: %s; its %d lines cannot be read and are not uploaded", self.path, problem, entry.lines)
 
     def _upload(self, start: int, end: int, unit: Entry | None) -> None:
         numbers: list[int] = []
@@ -175,8 +221,15 @@ class FileSync:
         if unit is not None:  # sent alone, as the one upload it was
             target = min(MAX_BATCH_BYTES, max(target, unit.raw_bytes))
 
+        expected = [0]  # the first input line of the next batch, while no batch before it failed
+
         def on_batch(batch: Any, _receipt: Any) -> None:
-            self.p.advance(numbers[batch.line_indexes[-1]] + 1)
+            last = batch.line_indexes[-1]
+            if batch.first_line == expected[0]:
+                expected[0] = last + 1
+                self.p.advance(numbers[last] + 1)
+            else:  # stored, but a batch before it was not: ``done`` stays behind that one
+                self.p.uploaded.append((numbers[batch.first_line], numbers[last] + 1))
             self.outcome.uploaded += batch.line_count
             self.outcome.uploaded_bytes += batch.size_bytes
             self.save()

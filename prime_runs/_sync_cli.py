@@ -19,7 +19,8 @@ import orjson
 
 from prime_runs._progress import Progress, human_bytes
 from prime_runs._rundir import RUN_FILE, RunDirectory, runs_root
-from prime_runs._segments import DATA_KINDS, REJECTED, scan, segment_files
+from prime_runs._segment_reader import scan
+from prime_runs._segments import DATA_KINDS, REJECTED, segment_files
 from prime_runs._sync import FileProgress, pending
 from prime_runs._sync_run import SyncReport, sync_run
 from prime_runs.errors import PrimeRunsError
@@ -146,6 +147,8 @@ def _summary(report: SyncReport, url: str) -> str:
         text += f"; status {report.status}"
     if report.left:
         text += f"; {records(report.left)} left: run prime-runs sync {report.path} again"
+    if report.unreadable:
+        text += f"; {records(report.unreadable)} in damaged entries cannot be read (the log says where)"
     if report.rejected_total:
         text += (f"; {records(report.rejected_total)} refused"
                  f"{f' ({report.rejected_now} just now)' if report.rejected_now else ''}, "

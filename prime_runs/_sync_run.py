@@ -20,7 +20,8 @@ import orjson
 
 from prime_runs._lifecycle import KINDS, TERMINAL_STATUSES, RunLifecycle, describe
 from prime_runs._rundir import RunDirectory, check_run_id
-from prime_runs._segments import REJECTED, Scan, SegmentWriter, iter_entry_lines, scan
+from prime_runs._segment_reader import Scan, iter_entry_lines, scan
+from prime_runs._segments import REJECTED, SegmentWriter
 from prime_runs._sync import FileProgress, FileSync, OnProgress, SyncStopped
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
@@ -44,14 +45,20 @@ class SyncReport:
     rejected_total: int = 0
     left: int = 0
     left_bytes: int = 0
+    unreadable: int = 0
     torn: list[Scan] = field(default_factory=list)
     status: str | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
+    def uploaded_all(self) -> bool:
+        """Nothing this sync could send is left (unreadable records aside)."""
+        return self.left == 0 and not self.errors
+
+    @property
     def complete(self) -> bool:
         """Everything but the records set aside is on the service."""
-        return self.left == 0 and not self.errors
+        return self.uploaded_all and self.unreadable == 0
 
 
 def sync_run(rundir: RunDirectory, client: TracesClient, *, on_start: Any = None,
@@ -121,8 +128,7 @@ class _RunSync:
                     sync.run()
                 except SyncStopped as err:
                     self.report.errors.append(str(err))
-                    if err.for_run:
-                        break
+                    break
         except (PrimeTracesError, PrimeRunsError) as err:
             self.report.errors.append(f"the service at {self.url} failed: {describe(err)}")
         finally:
@@ -134,7 +140,8 @@ class _RunSync:
                 left, left_bytes = sync.left()
                 self.report.left += left
                 self.report.left_bytes += left_bytes
-        if self.document is not None and self.report.complete:
+                self.report.unreadable += sync.p.unreadable_lines()
+        if self.document is not None and self.report.uploaded_all:
             self._finish_run()
         self.report.rejected_total = sum(scan(p, verify_last=False).lines for p in self.rundir.rejected_segments())
         self.mine["last_sync"] = {"at": time.time(), "complete": self.report.complete,

@@ -206,11 +206,12 @@ class _SinkWrite:
         self.failures[reason] += 1
         self.sample = self.sample or detail
 
-    def _undeliver(self, indexes: list[int], reason: str, detail: str | None = None, *, batch: bool = False) -> None:
+    def _undeliver(self, indexes: list[int], reason: str, detail: str | None = None, *, batch: bool = False,
+                   key: str | None = None) -> None:  # fmt: skip
         # Not the records' fault: the worker spools them for ``prime-runs sync``.
         if not indexes:
             return
-        self.ledger.undelivered(indexes, reason, batch=batch)
+        self.ledger.undelivered(indexes, reason, batch=batch, key=key)
         self.failures[reason] += len(indexes)
         if detail:
             self.sample = self.sample or detail
@@ -287,7 +288,8 @@ class _SinkWrite:
                 # Sent, fate unknown (the answer never came, or retries ran out or were cut
                 # short): kept as this very batch, so a later sync replays it if it was stored.
                 reason = DEADLINE if cancelled else TRANSIENT
-                self._undeliver([group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True)
+                self._undeliver([group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True,
+                                key=outcome.key)  # fmt: skip
                 transient = transient or not cancelled
             elif kind == SINK:
                 sink_refusal = sink_refusal or outcome

@@ -172,28 +172,30 @@ class UploadWorker:
         """Flush up to ``timeout_s``, then cancel, spool what is left and account for the rest.
 
         Returns True when everything was handled before the deadline. Returns
-        within ``timeout_s`` plus ``spill_timeout_s`` plus about a second,
-        whatever the sinks and the disk do.
+        within ``timeout_s``, plus ``spill_timeout_s`` when something is left
+        to spool, plus about a second, whatever the sinks and the disk do: the
+        spooling runs on the worker thread and on a helper, never here.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         flushed = self._queue.wait_done(self._queue.last_seq(), deadline)
+        left = self._queue.close()
+        # Writes another thread logged while this waited are not flushed by it: they are waited for too.
+        flushed = flushed and not left and self._queue.wait_done(self._queue.taken_seq(), deadline)
         spools = any(self._spool_of(sink) is not None for sink in self.sinks)
         spill_deadline = time.monotonic() + (self.spill_timeout_s if spools else 0.0)
         if not flushed:
             self._spill_deadline = spill_deadline
             self._cancel.set()
-        for write in self._queue.close():
-            skipped, line_format = (0, write.line_format) if write.line_format else self._detect_line_format(write)
-            for sink in self.sinks:
-                ledger = Ledger(self.accounting, sink.name, write.count)
-                ledger.failed(range(skipped), INVALID_RECORD)
-                self._keep(sink, write.records, line_format, ledger, DEADLINE)
-        if not self._queue.wait_done(self._queue.last_seq(), spill_deadline + ACCOUNTING_GRACE_S):
-            with self._lock:
-                for ledgers in self._inflight.values():
-                    for sink, ledger in zip(self.sinks, ledgers):
-                        ledger.close(SPILL_TIMEOUT if self._spool_of(sink) else DEADLINE, keep_reasons=False)
-                self._inflight.clear()
+        kept = self._keep_left(left) if left else None
+        waited_until = spill_deadline + ACCOUNTING_GRACE_S
+        self._queue.wait_done(self._queue.taken_seq(), waited_until)
+        if kept is not None:
+            kept.wait(max(0.0, waited_until - time.monotonic()))
+        with self._lock:
+            for ledgers in self._inflight.values():
+                for sink, ledger in zip(self.sinks, ledgers):
+                    ledger.close(SPILL_TIMEOUT if self._spool_of(sink) else DEADLINE, keep_reasons=False)
+            self._inflight.clear()
         self._queue.mark_all_done()
         self._report_drops()
         for sink in self.sinks:
@@ -202,6 +204,46 @@ class UploadWorker:
             except Exception:  # noqa: BLE001  (closing must never raise into finish())
                 logger.warning("closing sink %s failed", sink.name, exc_info=True)
         return flushed
+
+    def _keep_left(self, left: list[Write]) -> threading.Event:
+        """Spool the writes still queued at close, on a daemon helper; the event is set when it is done."""
+        # Consecutive writes of one line format go as one: one fsync for many small writes.
+        groups: list[_Group] = []
+        for write in left:
+            if write.line_format is not None and groups and groups[-1].line_format == write.line_format:
+                groups[-1].records.extend(write.records)
+                groups[-1].count += write.count
+            else:
+                groups.append(_Group(write.seq, list(write.records), write.line_format or "", write.count))
+        with self._lock:  # registered first: what the deadline finds unfinished, close() accounts for
+            for group in groups:
+                self._inflight[group.key] = [Ledger(self.accounting, s.name, group.count) for s in self.sinks]
+            entries = [(group, self._inflight[group.key]) for group in groups]
+        done = threading.Event()
+
+        def keep() -> None:
+            try:
+                for group, ledgers in entries:
+                    skipped, line_format = 0, group.line_format
+                    if not line_format:
+                        write = Write(group.key, group.records, None, 0.0, group.count)
+                        skipped, line_format = self._detect_line_format(write)
+                    for sink, ledger in zip(self.sinks, ledgers):
+                        ledger.failed(range(skipped), INVALID_RECORD)
+                        self._keep(sink, group.records, line_format, ledger, DEADLINE)
+                    with self._lock:
+                        self._inflight.pop(group.key, None)
+            except Exception:  # noqa: BLE001  (what is not kept is accounted for by close())
+                logger.warning("keeping the writes left at close failed", exc_info=True)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=keep, name=f"{self.name}-keep", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            keep()
+        return done
 
     def stats(self) -> dict[str, Any]:
         """Queued, stored, dropped, failed by sink and reason, submit latency."""

@@ -270,11 +270,9 @@ class Run:
         if self._lifecycle is not None and self._owner:
             recorded = self._record_status(status, self.error, deadline)
         if self._run_file is not None:
-            if not recorded:
-                self._keep_locally()  # a sync records the status the service did not get
-            if self._run_file is not None:
-                self._run_file.save()
-                self._run_file.release()
+            # A status the service did not confirm is kept for the sync (online, the directory appears now).
+            self._run_file.close(max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S,
+                                 activate=not recorded)  # fmt: skip
         self._say_what_is_left(recorded)
         self._hooks.uninstall()
 
@@ -290,7 +288,7 @@ class Run:
             stored = sum(c["stored"] for c in sinks.values())
             logger.info("run %s: %d records saved in %s; upload them with: prime-runs sync %s",
                         self.id, stored + spooled, where, where)  # fmt: skip
-        elif spooled or (not recorded and self._run_file is not None):
+        elif spooled or (not recorded and self._run_file is not None and self._run_file.active):
             reasons = collections.Counter[str]()
             for counts in sinks.values():
                 reasons.update(counts["spooled_reasons"])

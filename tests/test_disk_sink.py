@@ -19,7 +19,8 @@ from prime_runs._accounting import Accounting
 from prime_runs._disk_sink import DiskSink
 from prime_runs._encoding import RunStamp
 from prime_runs._queue import SizeMeter
-from prime_runs._segments import scan, segment_files
+from prime_runs._segment_reader import scan
+from prime_runs._segments import segment_files
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._spool import RecordFiles
 from prime_traces.server import LocalTracesService

@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,68 @@ def test_two_processes_logging_to_one_run_directory_never_interleave(isolated):
     assert sorted(r["id"] for r in records) == sorted(f"{w}-{i}" for w in "ab" for i in range(20))
     assert all(r["info"]["big"] == r["id"][0] * 1_200_000 for r in records)
     assert RunDirectory(str(root / "shared-run")).recover() == []
+
+
+def test_finish_stays_bounded_when_the_disk_stalls(isolated, monkeypatch):
+    real_fsync, stalled, release = os.fsync, threading.Event(), threading.Event()
+
+    def stalling_fsync(fd: int) -> None:
+        if threading.current_thread().name == "prime-runs-upload":  # the worker's own writes hang
+            stalled.set()
+            release.wait(120)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", stalling_fsync)
+    import prime_runs
+
+    run = prime_runs.init("stalled", mode="offline", dir=isolated / "runs", handle_signals=False, spill_timeout_s=1)
+    try:
+        assert run.log_episodes(episodes("a", 5))
+        assert stalled.wait(60)
+        assert run.log_episodes(episodes("b", 5))  # queued behind the stalled write
+        started = time.monotonic()
+        run.finish(timeout_s=1)
+        assert time.monotonic() - started < 1 + 1 + 1.5
+        counts = run.stats()["sinks"]["offline"]
+        assert counts["failed"] == {"spill_timeout": 10}  # said, and counted: never silently
+    finally:
+        release.set()
+
+
+def test_finish_with_writes_queued_behind_a_hung_upload_does_not_wait_out_the_spill_bound(isolated, tmp_path):
+    with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
+        run = online(hung, dir=isolated / "runs", spill_timeout_s=30)
+        for i in range(20):  # one write each: the first hangs in flight, the rest wait in the queue
+            assert run.log_episodes(episodes(f"w{i}-", 3))
+        started = time.monotonic()
+        run.finish(timeout_s=1)
+        took = time.monotonic() - started
+    assert took < 1 + 3, took  # the spill of 60 small records takes well under its 30 s bound
+    counts = run.stats()["sinks"]["traces"]
+    assert counts["spooled"] == 60 and counts["failed"] == {}
+
+
+def test_records_logged_while_finish_waits_are_stored_or_spooled_never_lost(isolated, service):
+    service.faults.latency_ms = 1500  # a slow service: finish() waits, another thread goes on logging
+    run = online(service, dir=isolated / "runs", spill_timeout_s=5)
+    logging_started, stop = threading.Event(), threading.Event()
+
+    def rollouts() -> None:
+        i = 0
+        while not stop.is_set():
+            run.log_episodes(episodes(f"r{i}-", 2))
+            logging_started.set()
+            i += 1
+
+    thread = threading.Thread(target=rollouts)
+    thread.start()
+    try:
+        assert logging_started.wait(30)
+        run.finish(timeout_s=10)
+    finally:
+        stop.set()
+        thread.join(30)
+    stats = run.stats()
+    counts = stats["sinks"]["traces"]
+    assert counts["failed"] == {}
+    assert stats["submitted"] == counts["stored"] + counts["spooled"] + sum(stats["dropped"].values())

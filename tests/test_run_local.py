@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -10,6 +12,8 @@ import orjson
 import pytest
 
 from _run_helpers import FLUSH_TIMEOUT_S, MARKER, episodes, identity_holds, isolated, local_records, online  # noqa: F401
+from prime_runs._segment_reader import iter_entry_lines, scan
+from prime_runs._segments import segment_files
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,3 +73,40 @@ def test_a_status_the_service_never_confirmed_is_kept_for_the_sync(isolated, ser
     document = orjson.loads((Path(run.dir) / "run.json").read_bytes())
     assert document["status"] == "completed" and document["service_url"] == service.url
     assert local_records(run.dir, "episode") == []  # every record had been delivered
+
+
+def _batch_entries(run_dir: str) -> list[bytes]:
+    bodies = []
+    for path in segment_files(run_dir, ["episode"]):
+        found = scan(path)
+        for entry, lines in iter_entry_lines(path, found.entries):
+            if entry.batch:
+                bodies.append(b"".join(line + b"\n" for line in lines))
+    return bodies
+
+
+def test_an_upload_whose_answer_never_came_is_kept_as_the_very_same_bytes(isolated, tmp_path):
+    keys: list[str] = []
+    with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
+        hung.faults.on_upload = keys.append
+        run = online(hung, dir=isolated / "runs")
+        assert run.log_episodes(episodes("e", 10))
+        run.finish(timeout_s=1)
+    [body] = _batch_entries(run.dir)
+    assert keys == [f"sha256:{hashlib.sha256(body).hexdigest()}"]
+
+
+def test_records_changed_after_logging_are_kept_but_not_as_the_upload_they_went_in(isolated, tmp_path, caplog):
+    arrived = threading.Event()
+    with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
+        hung.faults.before_upload = arrived.set
+        run = online(hung, dir=isolated / "runs")
+        logged = episodes("e", 10)
+        assert run.log_episodes(logged)
+        assert arrived.wait(30)
+        logged[3]["info"] = {"edited": True}  # the caller reuses its dicts after logging them
+        with caplog.at_level(logging.WARNING, logger="prime_runs"):
+            run.finish(timeout_s=1)
+    assert _batch_entries(run.dir) == []
+    assert len(local_records(run.dir, "episode")) == 10
+    assert "changed after they were logged" in caplog.text

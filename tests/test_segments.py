@@ -8,20 +8,14 @@ import shutil
 import struct
 import subprocess
 import sys
+from typing import Any
 
 import orjson
 import pytest
 import zstandard
 
-from prime_runs._segments import (
-    Frame,
-    SegmentName,
-    SegmentWriter,
-    frames_of,
-    iter_entry_lines,
-    scan,
-    segment_files,
-)
+from prime_runs._segment_reader import iter_entry_lines, scan
+from prime_runs._segments import Frame, SegmentName, SegmentWriter, frames_of, segment_files
 from prime_traces._batching import LineParts
 
 ZSTDCAT = shutil.which("zstdcat")
@@ -115,7 +109,7 @@ def test_nothing_is_created_until_the_first_write(tmp_path):
     assert not target.exists()
 
 
-def test_a_failed_write_is_cut_back_so_the_file_ends_on_a_whole_entry(tmp_path, monkeypatch):
+def test_a_failed_write_is_cut_back_and_its_file_never_written_again(tmp_path, monkeypatch):
     writer = SegmentWriter(str(tmp_path), "episode")
     writer.append([Frame(lines("ok", 2))])
     path = writer.path
@@ -125,12 +119,37 @@ def test_a_failed_write_is_cut_back_so_the_file_ends_on_a_whole_entry(tmp_path, 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as raised:
         writer.append([Frame(lines("lost", 3)), Frame(lines("lost2", 3))])
+    assert raised.value.durable_frames == 0
     monkeypatch.undo()
     assert os.path.getsize(path) == size
+    # A live sync may have counted the lines that were cut: the next write starts a new file.
     writer.append([Frame(lines("later", 1))])
-    assert read_all(path) == lines("ok", 2) + lines("later", 1)
+    assert writer.path != path
+    assert read_all(path) == lines("ok", 2) and read_all(writer.path) == lines("later", 1)
+
+
+def test_a_write_that_fails_after_a_rollover_says_which_frames_are_durable(tmp_path, monkeypatch):
+    writer = SegmentWriter(str(tmp_path), "episode", max_segment_bytes=3_000)
+    writer.append([Frame(lines("a", 5, size=200))])
+    real_writev, calls = os.writev, []
+
+    def fail_in_the_second_file(fd: int, buffers: Any) -> int:
+        calls.append(fd)
+        if len(calls) == 4:  # the fourth entry: the second file by then
+            raise OSError(28, "No space left on device")
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", fail_in_the_second_file)
+    with pytest.raises(OSError) as raised:
+        writer.append([Frame(lines(f"b{i}-", 5, size=200)) for i in range(6)])
+    monkeypatch.undo()
+    durable = raised.value.durable_frames
+    files = segment_files(str(tmp_path), ["episode"])
+    on_disk = [line for f in files for line in read_all(f)]
+    expected = lines("a", 5, size=200) + [x for i in range(durable) for x in lines(f"b{i}-", 5, size=200)]
+    assert 0 < durable < 4 and on_disk == expected
 
 
 # -- torn tails -----------------------------------------------------------------------

@@ -18,7 +18,8 @@ import prime_runs
 from prime_runs import cli
 from prime_runs._progress import Progress
 from prime_runs._rundir import RunDirectory
-from prime_runs._segments import Frame, SegmentWriter, scan, segment_files
+from prime_runs._segment_reader import scan
+from prime_runs._segments import Frame, SegmentWriter, segment_files
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 
@@ -282,7 +283,7 @@ def test_a_run_whose_process_died_is_listed_and_synced_as_crashed(isolated, serv
     run.flush()
     rundir = RunDirectory(run.dir)
     assert rundir.owner_alive()
-    run._run_file.release()  # what the kernel does when the process dies
+    run._run_file.rundir.release_owner_lock()  # what the kernel does when the process dies
     assert not rundir.owner_alive()
     code, out, _ = sync(capsys, service, run.dir)
     assert code == 0 and "status crashed" in out
@@ -331,3 +332,67 @@ def test_progress_is_one_rewritten_line_on_a_terminal_and_plain_lines_elsewhere(
     progress.advance(10, 1000)
     progress.close()
     assert tty.getvalue().count("\r\x1b[K") == 3 and tty.getvalue().endswith("1.0 KB/1.0 KB, 1.0 KB/s\n")
+
+
+@pytest.mark.parametrize("omit_line", [False, True], ids=["located", "bisected"])
+def test_a_refused_batch_followed_by_batches_that_commit_loses_none_of_its_lines(isolated, tmp_path, capsys,
+                                                                                 monkeypatch, omit_line):  # fmt: skip
+    # Eight batches in flight: those after the refused one commit before it is settled.
+    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    run = offline(isolated / "runs")
+    records = episodes("e", 200, poisoned=(40,))
+    run.log_episodes(records)
+    run.finish()
+    with LocalTracesService(tmp_path / "db", reject_marker=MARKER, reject_omit_line=omit_line) as svc:
+        code, out, err = sync(capsys, svc, run.dir)
+        assert code == 3, err
+        assert stored_episodes(svc) == {r["id"]: 1 for i, r in enumerate(records) if i != 40}
+        assert sync(capsys, svc, run.dir)[:2] == (3, f"{run.id}: nothing new to upload to {svc.url}; status completed; "
+                                                     f"1 record refused, kept in {run.dir}/rejected-*.jsonl.zst\n")  # fmt: skip
+
+
+def test_a_batch_that_fails_while_later_ones_commit_is_sent_by_the_next_sync(isolated, service, capsys, monkeypatch):
+    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    run = offline(isolated / "runs")
+    records = episodes("e", 200)
+    run.log_episodes(records)
+    run.finish()
+    seen: list[str] = []
+
+    def fail_the_third(key: str) -> None:
+        if key not in seen:
+            seen.append(key)
+        if seen.index(key) == 2:
+            raise RuntimeError("boom")  # the service answers 500 for this batch, every time
+
+    service.faults.on_upload = fail_the_third
+    code, _out, err = sync(capsys, service, run.dir)
+    assert code == 1 and "could not upload" in err
+    stored = stored_episodes(service)
+    assert len(stored) > 3 * 8  # batches behind the failed one were stored
+    service.faults.on_upload = None
+    assert sync(capsys, service, run.dir)[0] == 0
+    assert stored_episodes(service) == {r["id"]: 1 for r in records}
+
+
+def test_an_entry_that_no_longer_decodes_loses_only_its_own_lines(isolated, service, capsys, monkeypatch):
+    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    run_dir = isolated / "runs" / "run-x"
+    writer = SegmentWriter(str(run_dir), "episode")
+    writer.append([Frame([orjson.dumps(r) for r in episodes(p, n)]) for p, n in (("a", 50), ("b", 5), ("c", 5))])
+    writer.close()
+    other = SegmentWriter(str(run_dir), "trace")
+    other.append([Frame([orjson.dumps(trace(f"bare-{i}")) for i in range(3)])])
+    other.close()
+    [path] = segment_files(str(run_dir), ["episode"])
+    middle = scan(path).entries[1]
+    with open(path, "r+b") as handle:  # the disk lost the middle entry's pages
+        handle.seek(middle.data_offset + 8)
+        handle.write(b"\0" * (middle.data_bytes - 8))
+    for _ in range(2):
+        code, out, _err = sync(capsys, service, str(run_dir))
+        assert code == 1 and "5 records in damaged entries cannot be read" in out
+    stored = stored_episodes(service)
+    assert stored == {i: 1 for i in [f"a{n}" for n in range(50)] + [f"c{n}" for n in range(5)]}
+    with service.state.store.reader() as conn:
+        assert conn.execute("SELECT COUNT(*) FROM traces WHERE episode_id IS NULL").fetchone()[0] == 3
