@@ -19,6 +19,7 @@ from typing import Any
 from prime_runs._rundir import RunDirectory
 from prime_runs._segments import host_label
 from prime_runs.errors import PrimeRunsError
+from prime_traces._pool import run_in_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -96,21 +97,12 @@ class RunFile:
         runs on a daemon thread: a disk that hangs must not hold ``finish()``
         (or exit). Returns whether it finished in time.
         """
-        done = threading.Event()
-
         def finish() -> None:
-            try:
-                if not (activate and not self.active and self.activate()):
-                    self.save()  # (activate() has just written it)
-                self.rundir.release_owner_lock()
-            finally:
-                done.set()
+            if not (activate and not self.active and self.activate()):
+                self.save()  # (activate() has just written it)
+            self.rundir.release_owner_lock()
 
-        thread = threading.Thread(target=finish, name=f"prime-runs-run-json-{self.rundir.run_id}", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # the interpreter is shutting down: no new threads
-            finish()
+        done = run_in_daemon(finish, f"prime-runs-run-json-{self.rundir.run_id}")
         if not done.wait(max(0.0, timeout_s)):
             logger.warning("run %s: %s/run.json was not written within %.1f s (is the disk stalled?)",
                            self.rundir.run_id, self.rundir.path, timeout_s)  # fmt: skip

@@ -187,16 +187,10 @@ class RunDirectory:
         if fcntl is None or self._owner_fd is not None:
             return
         self.create()
-        fd = os.open(os.path.join(self.path, _OWNER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise PrimeRunsError(
-                f"run directory {self.path} belongs to a run that is still running in another process; "
-                "pass another id, or attach without owning the run (set RANK to a non-zero rank)"
-            ) from None
-        self._owner_fd = fd
+        self._owner_fd = self._lock_file(
+            _OWNER_LOCK, f"run directory {self.path} belongs to a run that is still running in another process; "
+            "pass another id, or attach without owning the run (set RANK to a non-zero rank)",
+        )  # fmt: skip
 
     def release_owner_lock(self) -> None:
         fd, self._owner_fd = self._owner_fd, None
@@ -225,13 +219,19 @@ class RunDirectory:
         """Take the lock that lets one ``sync`` at a time upload this run (until :meth:`unlock_sync`)."""
         if fcntl is None or self._sync_fd is not None:
             return
-        fd = os.open(os.path.join(self.path, _SYNC_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        self._sync_fd = self._lock_file(_SYNC_LOCK, f"another prime-runs sync is uploading {self.path}; "
+                                        "wait for it to finish")  # fmt: skip
+
+    def _lock_file(self, name: str, held_elsewhere: str) -> int:
+        """An exclusive lock on ``name`` in the directory, held until its descriptor closes."""
+        assert fcntl is not None
+        fd = os.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise PrimeRunsError(f"another prime-runs sync is uploading {self.path}; wait for it to finish") from None
-        self._sync_fd = fd
+            raise PrimeRunsError(held_elsewhere) from None
+        return fd
 
     def unlock_sync(self) -> None:
         fd, self._sync_fd = self._sync_fd, None

@@ -22,7 +22,7 @@ from prime_runs._queue import (
 from prime_runs._sink import Ledger, Sink, SinkStatus
 from prime_runs._spool import SPILL_TIMEOUT, Spool
 from prime_runs.errors import SinkError
-from prime_traces._pool import call_in_forked_child
+from prime_traces._pool import call_in_forked_child, run_in_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -219,8 +219,6 @@ class UploadWorker:
             for group in groups:
                 self._inflight[group.key] = [Ledger(self.accounting, s.name, group.count) for s in self.sinks]
             entries = [(group, self._inflight[group.key]) for group in groups]
-        done = threading.Event()
-
         def keep() -> None:
             try:
                 for group, ledgers in entries:
@@ -235,15 +233,8 @@ class UploadWorker:
                         self._inflight.pop(group.key, None)
             except Exception:  # noqa: BLE001  (what is not kept is accounted for by close())
                 logger.warning("keeping the writes left at close failed", exc_info=True)
-            finally:
-                done.set()
 
-        thread = threading.Thread(target=keep, name=f"{self.name}-keep", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # the interpreter is shutting down: no new threads
-            keep()
-        return done
+        return run_in_daemon(keep, f"{self.name}-keep")
 
     def stats(self) -> dict[str, Any]:
         """Queued, stored, dropped, failed by sink and reason, submit latency."""

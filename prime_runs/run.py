@@ -17,7 +17,7 @@ from prime_runs._rundir import RunDirectory
 from prime_runs._shutdown import ShutdownHooks
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
-from prime_traces._pool import call_in_forked_child
+from prime_traces._pool import call_in_forked_child, run_in_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +235,10 @@ class Run:
     ) -> None:
         """Flush, then record the terminal status; returns within ``timeout_s`` (+1 s).
 
+        What the service did not take by then is written to the run directory
+        within ``spill_timeout_s`` more (see :func:`prime_runs.init`), and a
+        warning says where and how to upload it with ``prime-runs sync``.
+
         Idempotent and thread-safe: the first call finishes, later ones wait
         for it (within their own timeout) and return.
         """
@@ -309,7 +313,6 @@ class Run:
         """
         lifecycle = self._lifecycle
         assert lifecycle is not None
-        sent = threading.Event()
         confirmed: list[bool] = []
 
         def send() -> None:
@@ -335,14 +338,8 @@ class Run:
                 if getattr(err, "code", None) == "run_finished":
                     confirmed.append(True)  # someone finished it first: nothing is left to record
                 logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
-            finally:
-                sent.set()
 
-        thread = threading.Thread(target=send, name=f"prime-runs-status-{self.id}", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # the interpreter is shutting down: no new threads
-            send()
+        sent = run_in_daemon(send, f"prime-runs-status-{self.id}")
         if not sent.wait(max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S):
             logger.warning("run %s: the service did not confirm status %r within finish()'s timeout; "
                            "it may not be recorded", self.id, status)  # fmt: skip

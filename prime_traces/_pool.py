@@ -42,6 +42,28 @@ def call_in_forked_child(method: Callable[[], Any]) -> None:
     os.register_at_fork(after_in_child=after_fork_in_child)
 
 
+def run_in_daemon(target: Callable[[], Any], name: str) -> threading.Event:
+    """Run ``target`` on a named daemon thread; the event is set once it returns, however it ends.
+
+    For work a caller waits on only until a deadline: nothing joins the
+    thread, so a stalled service or disk never holds up exit. While the
+    interpreter shuts down (no new threads), ``target`` runs on the caller.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            done.set()
+
+    try:
+        threading.Thread(target=run, name=name, daemon=True).start()
+    except RuntimeError:
+        run()
+    return done
+
+
 class DaemonPool:
     """Run callables on up to ``max_workers`` daemon threads.
 
