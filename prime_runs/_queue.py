@@ -158,6 +158,12 @@ class RecordQueue:
                 self._cond.wait(remaining)
             return True
 
+    def refuse(self) -> None:
+        """Refuse new writes from now on; the queued ones stay for the worker to take."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
     def close(self, on_close: Callable[[], None] | None = None) -> list[Write]:
         """Refuse new writes; return (and remove) every write still queued.
 

@@ -89,22 +89,18 @@ class RunFile:
         if self.dirty:
             self.save()
 
-    def close(self, timeout_s: float, *, activate: bool = False) -> bool:
-        """Write ``run.json`` a last time and give up the owner lock, waiting at most ``timeout_s``.
+    def close(self, *, activate: bool = False) -> threading.Event:
+        """Write ``run.json`` a last time and give up the owner lock; the event is set once done.
 
         With ``activate``, the file is started now if it was not kept yet (an
         online run whose final status the service did not confirm). The write
-        runs on a daemon thread: a disk that hangs must not hold ``finish()``
-        (or exit). Returns whether it finished in time.
+        runs on a daemon thread, waited for only until the caller's deadline:
+        a disk that hangs must not hold ``finish()`` (or exit).
         """
+
         def finish() -> None:
             if not (activate and not self.active and self.activate()):
                 self.save()  # (activate() has just written it)
             self.rundir.release_owner_lock()
 
-        done = run_in_daemon(finish, f"prime-runs-run-json-{self.rundir.run_id}")
-        if not done.wait(max(0.0, timeout_s)):
-            logger.warning("run %s: %s/run.json was not written within %.1f s (is the disk stalled?)",
-                           self.rundir.run_id, self.rundir.path, timeout_s)  # fmt: skip
-            return False
-        return True
+        return run_in_daemon(finish, f"prime-runs-run-json-{self.rundir.run_id}")

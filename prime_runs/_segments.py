@@ -171,10 +171,16 @@ class SegmentWriter:
                     if not frame.lines:
                         continue
                     entry = encode_entry(self._compressor, frame)
-                    fd = self._file_for(len(entry[0]) + len(entry[1]))
+                    size = len(entry[0]) + len(entry[1])
+                    if self._fd is not None and self._size and self._size + size > self.max_segment_bytes:
+                        os.fsync(self._fd)  # rolling over: every frame before this one is on disk
+                        durable = frames_done
+                        self._close_file()
+                    if self._fd is None:
+                        self._open_next()
+                    assert self._fd is not None
+                    fd = self._fd
                     if start is None or start[0] != self._opened:
-                        if start is not None:
-                            durable = frames_done  # the rollover fsynced every frame before this one
                         start = (self._opened, self._size)
                     _write_all(fd, entry)
                     self._size += len(entry[0]) + len(entry[1])
@@ -205,15 +211,6 @@ class SegmentWriter:
             logger.warning("could not cut %s back to %d bytes after a failed write: %s", self._path, size, err)
             self._close_file()  # the next write starts a fresh file; recovery cuts this tail
 
-    def _file_for(self, size: int) -> int:
-        if self._fd is not None and self._size and self._size + size > self.max_segment_bytes:
-            os.fsync(self._fd)
-            self._close_file()
-        if self._fd is None:
-            self._open_next()
-        assert self._fd is not None
-        return self._fd
-
     def _open_next(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         host, pid = host_label(), os.getpid()
@@ -225,9 +222,13 @@ class SegmentWriter:
             except FileExistsError:
                 continue  # an earlier process with this pid (a reused pid) left it: never append to it
             break
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process closes it or dies
-        fsync_directory(self.directory)  # the new name must survive a crash too
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process closes it or dies
+            fsync_directory(self.directory)  # the new name must survive a crash too
+        except BaseException:
+            os.close(fd)
+            raise
         self._fd, self._path, self._size = fd, path, 0
         self._opened += 1
 
@@ -238,13 +239,14 @@ class SegmentWriter:
 
     def close(self) -> None:
         """Close the current file (the next append starts a new one); never waits for an append."""
+        # Asked first, so an append ending meanwhile still sees it (a hung disk must not hold finish()).
+        self._close_requested = True
         if self._lock.acquire(blocking=False):
             try:
+                self._close_requested = False
                 self._close_file()
             finally:
                 self._lock.release()
-        else:
-            self._close_requested = True  # the append in progress closes it (a hung disk must not hold finish())
 
 
 def encode_entry(compressor: zstandard.ZstdCompressor, frame: Frame) -> tuple[bytes, bytes]:

@@ -105,8 +105,12 @@ class FileProgress:
     def not_sent(self, total: int) -> int:
         """Lines from ``done`` to ``total`` that a sync would still send."""
         spans = _merged([*self.uploaded, *self.unreadable])
+        starts = [a for a, _ in spans]
         skipped = sum(max(0, min(b, total) - max(a, self.done)) for a, b in spans)
-        skipped += sum(1 for n in self.excluded if self.done <= n < total and not any(a <= n < b for a, b in spans))
+        for n in self.excluded:
+            at = bisect.bisect_right(starts, n) - 1
+            if self.done <= n < total and not (at >= 0 and n < spans[at][1]):
+                skipped += 1
         return max(0, total - self.done - skipped)
 
     def unreadable_lines(self) -> int:
@@ -165,6 +169,8 @@ class FileSync:
         for entry in scan.entries:
             self._starts.append(first)
             first += entry.lines
+        self._index = {id(entry): i for i, entry in enumerate(scan.entries)}
+        self._batches = [i for i, entry in enumerate(scan.entries) if entry.batch]
 
     def left(self) -> tuple[int, int]:
         """Records and (about) uncompressed bytes not uploaded yet."""
@@ -189,20 +195,26 @@ class FileSync:
     def _next_cut(self, start: int) -> tuple[int, Entry | None]:
         assert self.p.horizon is not None
         cuts = {self.p.horizon, *(c for c in self.p.cuts if c > start)}
-        for entry, first in zip(self.scan.entries, self._starts):
-            if entry.batch:
-                if first == start:
-                    return min(cuts | {first + entry.lines}), entry
-                if first > start:
-                    cuts.add(first)
+        for i in self._batches:
+            entry, first = self.scan.entries[i], self._starts[i]
+            if first == start:
+                return min(cuts | {first + entry.lines}), entry
+            if first > start:
+                cuts.add(first)
+                break
         return min(cuts), None
 
+    def _entries_between(self, start: int, end: int) -> list[int]:
+        """Indexes of the entries holding lines ``start`` to ``end``."""
+        first = max(0, bisect.bisect_right(self._starts, start) - 1)
+        last = bisect.bisect_left(self._starts, end)
+        return list(range(first, last))
+
     def _lines(self, start: int, end: int, numbers: list[int]) -> Iterator[bytes]:
-        firsts = {id(e): f for e, f in zip(self.scan.entries, self._starts)}
-        wanted = [e for e, f in zip(self.scan.entries, self._starts) if f + e.lines > start and f < end]
+        wanted = [self.scan.entries[i] for i in self._entries_between(start, end)]
         skipped = self.p.skip_test()  # spans added while this runs are of lines already sent
         for entry, lines in iter_entry_lines(self.path, wanted, on_corrupt=self._unreadable):
-            first = firsts[id(entry)]
+            first = self._starts[self._index[id(entry)]]
             for offset, line in enumerate(lines):
                 number = first + offset
                 if start <= number < end and not skipped(number):
@@ -211,7 +223,9 @@ class FileSync:
 
     def _unreadable(self, entry: Entry, problem: str) -> None:
         # The disk changed an entry: it is the same every time, so passing over it keeps batches deterministic.
-        first = self._starts[self.scan.entries.index(entry)]
+        first = self._starts[self._index[id(entry)]]
+        if (first, first + entry.lines) in self.p.unreadable:
+            return
         self.p.unreadable.append((first, first + entry.lines))
         logger.error("%s: %s; its %d lines cannot be read and are not uploaded", self.path, problem, entry.lines)
 
@@ -229,7 +243,11 @@ class FileSync:
                 expected[0] = last + 1
                 self.p.advance(numbers[last] + 1)
             else:  # stored, but a batch before it was not: ``done`` stays behind that one
-                self.p.uploaded.append((numbers[batch.first_line], numbers[last] + 1))
+                first = numbers[batch.first_line]
+                self.p.uploaded.append((first, numbers[last] + 1))
+                # The batches before it must end where they did, or the one that failed (and may
+                # be stored) would be sent with other lines, as a new upload.
+                self.p.cuts.add(first)
             self.outcome.uploaded += batch.line_count
             self.outcome.uploaded_bytes += batch.size_bytes
             self.save()
@@ -286,8 +304,6 @@ class FileSync:
                        self.rejected_writer.path)  # fmt: skip
 
     def _line_at(self, number: int) -> bytes:
-        for entry, first in zip(self.scan.entries, self._starts):
-            if first <= number < first + entry.lines:
-                _entry, lines = next(iter_entry_lines(self.path, [entry]))
-                return lines[number - first]
-        raise IndexError(number)
+        [i] = self._entries_between(number, number + 1)
+        _entry, lines = next(iter_entry_lines(self.path, [self.scan.entries[i]]))
+        return lines[number - self._starts[i]]

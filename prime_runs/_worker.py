@@ -177,15 +177,15 @@ class UploadWorker:
         spooling runs on the worker thread and on a helper, never here.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        # From here on a write is refused (and counted): what this waits for cannot grow.
+        self._queue.refuse()
         flushed = self._queue.wait_done(self._queue.last_seq(), deadline)
-        left = self._queue.close()
-        # Writes another thread logged while this waited are not flushed by it: they are waited for too.
-        flushed = flushed and not left and self._queue.wait_done(self._queue.taken_seq(), deadline)
         spools = any(self._spool_of(sink) is not None for sink in self.sinks)
         spill_deadline = time.monotonic() + (self.spill_timeout_s if spools else 0.0)
         if not flushed:
             self._spill_deadline = spill_deadline
             self._cancel.set()
+        left = self._queue.close()
         kept = self._keep_left(left) if left else None
         waited_until = spill_deadline + ACCOUNTING_GRACE_S
         self._queue.wait_done(self._queue.taken_seq(), waited_until)
@@ -340,7 +340,7 @@ class UploadWorker:
                         self._process(group)
             except Exception as err:  # noqa: BLE001  (the thread must outlive any one write)
                 logger.exception("upload worker failed on a write; its records are counted as failed")
-                self._abandon(f"{WORKER_ERROR}:{type(err).__name__}")
+                self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
             self._queue.done(writes)
             if self.tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.tick_interval_s
@@ -348,11 +348,11 @@ class UploadWorker:
             if not writes and self._queue.closed:
                 return
 
-    def _abandon(self, reason: str) -> None:
-        # Only the worker thread registers ledgers, so everything in flight is
-        # the write that just failed.
+    def _abandon(self, reason: str, writes: list[Write]) -> None:
+        # The worker's claims are keyed by the seqs of the writes it took (a
+        # group by its first); close()'s helper registers others, left alone here.
         with self._lock:
-            claims, self._inflight = list(self._inflight.values()), {}
+            claims = [self._inflight.pop(w.seq) for w in writes if w.seq in self._inflight]
         lost: collections.Counter[str] = collections.Counter()
         for ledgers in claims:
             for ledger in ledgers:

@@ -29,6 +29,8 @@ _STATUS_MIN_TIMEOUT_S = 0.2
 _UPDATE_LOCK_TIMEOUT_S = 0.5
 # What finish() waits for the status request beyond its own deadline (thread hand-off).
 _STATUS_GRACE_S = 0.5
+# What finish() waits at least for run.json when the status request took all the time there was.
+_RUN_FILE_MIN_WAIT_S = 0.1
 
 
 class Run:
@@ -270,13 +272,17 @@ class Run:
         self.status = status
         self.error = str(error) if error is not None else None
         self._finished_at = time.time()
+        # The status request and the last run.json write share one end: finish() waits for neither past it.
+        end = time.monotonic() + max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S
+        run_file = self._run_file
+        written = run_file.close() if run_file is not None and run_file.active else None
         recorded = True
         if self._lifecycle is not None and self._owner:
             recorded = self._record_status(status, self.error, deadline)
-        if self._run_file is not None:
-            # A status the service did not confirm is kept for the sync (online, the directory appears now).
-            self._run_file.close(max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S,
-                                 activate=not recorded)  # fmt: skip
+        if written is None and run_file is not None and not recorded:
+            written = run_file.close(activate=True)  # kept for the sync: online, the directory appears now
+        if written is not None and not written.wait(max(_RUN_FILE_MIN_WAIT_S, end - time.monotonic())):
+            logger.warning("run %s: %s/run.json was not written in time (is the disk stalled?)", self.id, self.dir)
         self._say_what_is_left(recorded)
         self._hooks.uninstall()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from _run_helpers import FLUSH_TIMEOUT_S, MARKER, episodes, identity_holds, isolated, local_records, online  # noqa: F401
+from _run_helpers import FLUSH_TIMEOUT_S, MARKER, episodes, gate, identity_holds, isolated, local_records, online  # noqa: F401
 from prime_runs._segment_reader import iter_entry_lines, scan
 from prime_runs._segments import segment_files
 from prime_traces.server import LocalTracesService
@@ -110,3 +110,30 @@ def test_records_changed_after_logging_are_kept_but_not_as_the_upload_they_went_
     assert _batch_entries(run.dir) == []
     assert len(local_records(run.dir, "episode")) == 10
     assert "changed after they were logged" in caplog.text
+
+
+def test_finish_refuses_what_is_logged_while_it_waits_and_lets_a_slow_upload_finish(isolated, service, gate):
+    run = online(service, dir=isolated / "runs")
+    assert run.log_episodes(episodes("a", 5))
+    assert gate.entered.wait(30)  # the upload is in flight, held by the service
+    queue = run._worker._queue
+    refusing, refuse = threading.Event(), queue.refuse
+
+    def noted_refuse() -> None:
+        refuse()
+        refusing.set()
+
+    queue.refuse = noted_refuse
+    finisher = threading.Thread(target=run.finish, kwargs={"timeout_s": 30})
+    finisher.start()
+    try:
+        assert refusing.wait(30)
+        assert run.log_episodes(episodes("late", 2)) is False  # the run is ending: refused, and counted
+    finally:
+        gate.open()
+        finisher.join(60)
+    stats = run.stats()
+    counts = stats["sinks"]["traces"]
+    assert (counts["stored"], counts["spooled"], counts["failed"]) == (5, 0, {})
+    assert stats["dropped"] == {"closed": 2}
+    assert not Path(run.dir).exists()

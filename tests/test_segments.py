@@ -242,3 +242,20 @@ def test_a_dead_writers_file_is_repaired_from_another_process(tmp_path):
     path = only_file(tmp_path, "trace")
     result = scan(path, repair=True)
     assert not result.live and result.torn_bytes == 4 and result.lines == 1
+
+
+def test_a_rollover_whose_next_file_cannot_be_created_still_says_what_is_durable(tmp_path, monkeypatch):
+    real_open_next, opened = SegmentWriter._open_next, []
+
+    def open_next(self: SegmentWriter) -> None:
+        opened.append(1)
+        if len(opened) == 2:  # no inode left for the next file
+            raise OSError(28, "No space left on device")
+        real_open_next(self)
+
+    monkeypatch.setattr(SegmentWriter, "_open_next", open_next)
+    writer = SegmentWriter(str(tmp_path), "episode", max_segment_bytes=3_000)
+    with pytest.raises(OSError) as raised:
+        writer.append([Frame(lines(f"f{i}-", 5, size=600)) for i in range(4)])
+    on_disk = [line for f in segment_files(str(tmp_path), ["episode"]) for line in read_all(f)]
+    assert raised.value.durable_frames > 0 and len(on_disk) == raised.value.durable_frames * 5

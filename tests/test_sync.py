@@ -18,7 +18,7 @@ import prime_runs
 from prime_runs import cli
 from prime_runs._progress import Progress
 from prime_runs._rundir import RunDirectory
-from prime_runs._segment_reader import scan
+from prime_runs._segment_reader import iter_entry_lines, scan
 from prime_runs._segments import Frame, SegmentWriter, segment_files
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
@@ -396,3 +396,40 @@ def test_an_entry_that_no_longer_decodes_loses_only_its_own_lines(isolated, serv
     assert stored == {i: 1 for i in [f"a{n}" for n in range(50)] + [f"c{n}" for n in range(5)]}
     with service.state.store.reader() as conn:
         assert conn.execute("SELECT COUNT(*) FROM traces WHERE episode_id IS NULL").fetchone()[0] == 3
+    [progress] = [f for n, f in orjson.loads((run_dir / "sync.json").read_bytes())["services"][service.url]["files"]
+                  .items() if n.startswith("episode")]  # fmt: skip
+    assert progress["unreadable"] == [[50, 55]]  # recorded once, however often it is read
+
+
+def test_a_batch_stored_while_its_answers_failed_is_sent_again_as_the_same_upload(isolated, service, capsys,
+                                                                                  monkeypatch):  # fmt: skip
+    import prime_traces.server._upload as upload
+
+    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    run = offline(isolated / "runs")
+    records = []
+    for i in range(300):
+        [record] = episodes(f"e{i}-", 1)
+        # Three large lines fill a batch but leave room for one small one: where a batch
+        # ends depends on the line after it.
+        record["info"] = {"pad": "x" * (3800 if i < 12 else 0)}
+        records.append(record)
+    run.log_episodes(records)
+    run.finish()
+    [path] = segment_files(run.dir, ["episode"])
+    lines = [line for _e, body in iter_entry_lines(path, scan(path).entries) for line in body]
+    second_batch = hashlib.sha256(b"".join(line + b"\n" for line in lines[3:6])).hexdigest()
+    process = upload._process
+
+    def stored_but_answer_lost(req: Any, body: bytes, digest: str, raw_format: Any) -> Any:
+        answer = process(req, body, digest, raw_format)
+        if digest == second_batch:
+            raise RuntimeError("answer lost")  # stored, but every answer to it is a 500
+        return answer
+
+    monkeypatch.setattr(upload, "_process", stored_but_answer_lost)
+    assert sync(capsys, service, run.dir)[0] == 1
+    monkeypatch.setattr(upload, "_process", process)
+    code, _out, err = sync(capsys, service, run.dir)
+    assert code == 0, err
+    assert stored_episodes(service) == {r["id"]: 1 for r in records}
