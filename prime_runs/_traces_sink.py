@@ -52,7 +52,7 @@ from typing import Any
 
 from prime_runs._encoding import EncodedWrite, RunStamp
 from prime_runs._queue import SizeMeter
-from prime_runs._outcomes import SINK, SIZE_CODES, describe, fault_of, refusal_reason, rejection_reason
+from prime_runs._outcomes import SINK, SIZE_CODES, TRANSIENT, describe, fault_of, refusal_reason, rejection_reason
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._spool import Spool
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
@@ -65,7 +65,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_TRANSIENT_FAILURES = 3
 #: At most one warning about records not stored per this many seconds; the rest go to debug.
 WARNING_INTERVAL_S = 60.0
-TRANSIENT = "transient"
 #: Sent, but the deadline came before the answer (or before the retries ended).
 DEADLINE = "deadline"
 SINK_ERROR = "sink_error"

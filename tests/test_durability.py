@@ -15,12 +15,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from _run_helpers import KEY, REPO, episodes, isolated, local_records, online, stored_episodes  # noqa: F401
-from _wire import episode, trace
 from prime_runs import cli
 from prime_runs._rundir import RunDirectory
 from prime_traces.server import LocalTracesService
