@@ -142,6 +142,7 @@ class RunLifecycle:
             data=orjson.dumps(body, default=_jsonable),
             headers={"Content-Type": "application/json"},
             timeout_s=timeout_s,
+            whole=True,  # a trickled answer must not hold the run past its timeout
         )
         payload = orjson.loads(resp.content) if resp.content else {}
         if not isinstance(payload, dict):

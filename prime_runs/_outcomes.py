@@ -28,8 +28,12 @@ SINK = "sink"
 TRANSIENT = "transient"
 
 
-def fault_of(outcome: BatchOutcome) -> str:
-    """``record`` (bisect or blame a line), ``sink`` (every request would fail) or ``transient``."""
+def fault_of(outcome: BatchOutcome, *, server_error_is_record: bool = False) -> str:
+    """``record`` (bisect or blame a line), ``sink`` (every request would fail) or ``transient``.
+
+    A 500 is ``transient`` unless ``server_error_is_record``: then it is about
+    something in the request, to be isolated like a rejection without a line.
+    """
     if outcome.status is BatchStatus.FAILED:
         return TRANSIENT
     err = outcome.error
@@ -39,7 +43,9 @@ def fault_of(outcome: BatchOutcome) -> str:
         return SINK if outcome.code in REQUEST_CODES else RECORD
     if 400 <= err.status_code < 500:
         return SINK
-    return TRANSIENT  # 500 and other statuses the client does not retry
+    if err.status_code == 500 and server_error_is_record:
+        return RECORD
+    return TRANSIENT  # other statuses the client does not retry
 
 
 def refusal_reason(outcome: BatchOutcome) -> str:
@@ -56,6 +62,16 @@ def rejection_reason(outcome: BatchOutcome) -> str:
         return f"rejected:{outcome.code}"
     status = getattr(outcome.error, "status_code", None)
     return f"rejected:http_{status}" if status is not None else "rejected"
+
+
+def listed_rejections(outcome: BatchOutcome) -> list[tuple[int, str, str]]:
+    """``(input line, reason, detail)`` of every line the service listed as rejected (contract §9)."""
+    listed = []
+    for line, entry in sorted(outcome.rejected_lines.items()):
+        reason = f"rejected:{entry.code}" if entry.code else rejection_reason(outcome)
+        where = f" (record {entry.record_id!r})" if entry.record_id else ""
+        listed.append((line, reason, f"HTTP 400 {entry.code or ''}: {entry.message}{where}"))
+    return listed
 
 
 def describe(outcome: BatchOutcome) -> str:

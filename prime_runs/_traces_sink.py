@@ -8,12 +8,23 @@ that still need it, re-encoded from the caller's objects. Encoding is
 deterministic, so a resent record is byte-identical. Records of a committed
 batch are never sent again.
 
-What becomes of the records of a refused or failed upload:
+Each record is first checked against the contract's line rules
+(``prime_traces._lines``, the rules the local service applies): one that
+breaks them is rejected here and costs no request. What becomes of the
+records of a refused or failed upload:
 
-- The service names the line (contract §9): that record is rejected as
-  ``rejected:<code>`` (and set aside). The other records of its batch, and
-  the records never sent, are uploaded again.
-- The service names no line: the batch is bisected. Each half is uploaded in
+- The service lists every rejected line (``errors``, contract §9): each is
+  rejected as ``rejected:<code>`` (and set aside), and the rest of the batch
+  is sent again: one extra request per batch, whatever the number of bad
+  records.
+- The service names only the first rejected line: that record is rejected;
+  the other records of its batch, and the records never sent, are uploaded
+  again, at most as many per request as there were good lines before the
+  bad one, doubling as requests commit. Records with no bad one among them
+  go through in a few requests; when every record is bad, each costs one
+  small request, and the bytes sent stay within about twice the write's.
+- The service names no line (or answers 500, which is about something in
+  the request): the batch is bisected. Each half is uploaded in
   its own ``upload_lines`` call, recursively, until the bad records are
   isolated. A single record refused is that record's rejection. This takes
   about ``2 * log2(n)`` extra requests per bad record, and at most ``2n - 1``
@@ -44,6 +55,7 @@ The worker spools what is left undelivered or open to the run directory.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -52,10 +64,20 @@ from typing import Any
 
 from prime_runs._encoding import EncodedWrite, RunStamp
 from prime_runs._queue import SizeMeter
-from prime_runs._outcomes import SINK, SIZE_CODES, TRANSIENT, describe, fault_of, refusal_reason, rejection_reason
+from prime_runs._outcomes import (
+    SINK,
+    SIZE_CODES,
+    TRANSIENT,
+    describe,
+    fault_of,
+    listed_rejections,
+    refusal_reason,
+    rejection_reason,
+)
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._spool import Spool
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
+from prime_traces._lines import check_record
 from prime_traces._report import BatchOutcome, BatchStatus, UploadReport
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
 from prime_traces.errors import UploadError
@@ -169,6 +191,10 @@ class TracesSink:
                    sum(failures.values()), records, reasons, first, suppressed)  # fmt: skip
 
 
+def _is_server_error(outcome: BatchOutcome) -> bool:
+    return getattr(outcome.error, "status_code", None) == 500
+
+
 class _SinkWrite:
     """One call of ``write``: the groups of records still to upload, and the tallies."""
 
@@ -186,6 +212,12 @@ class _SinkWrite:
         self.first_pass = True
         self.failures: collections.Counter[str] = collections.Counter()
         self.sample: str | None = None
+        # Once the service has located a rejection without listing them all,
+        # at most this many records go in one request, doubling as requests
+        # commit: resending everything after each bad record would cost O(N²).
+        self.probe: int | None = None
+        # Batches answered 500 once (by their records' positions), sent again as they were.
+        self.server_errors: set[tuple[int, ...]] = set()
 
     def run(self) -> SinkStatus:
         while self.groups and not self.cancel.is_set():
@@ -194,6 +226,9 @@ class _SinkWrite:
                 self.groups.clear()
                 break
             group = self.groups.popleft()
+            if self.probe is not None and len(group) > self.probe:
+                self.groups.appendleft(group[self.probe :])
+                group = group[: self.probe]
             if group:
                 self._send(group)
         if self.failures:
@@ -224,7 +259,10 @@ class _SinkWrite:
         # The meter learns each record's size once, not again when it is resent.
         meter = self.sink.meter if self.first_pass else None
         self.first_pass = False
-        encoded = EncodedWrite(subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group)
+        # The contract's line rules, checked here: a record the service would refuse costs no request.
+        check = functools.partial(check_record, line_format=self.line_format, now=time.time())
+        encoded = EncodedWrite(subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group,
+                               check=check)  # fmt: skip
         announced: set[int] = set()
 
         def on_batch(batch: Any, _receipt: Any) -> None:
@@ -239,6 +277,7 @@ class _SinkWrite:
                 context=self.sink.context,
                 target_batch_bytes=self.sink.target_batch_bytes,
                 max_attempts=self.sink.max_attempts,
+                max_refused_s=None,  # refusals are backpressure: waited out until the deadline
                 on_batch=on_batch,
                 cancel=self.cancel,
             )
@@ -260,6 +299,8 @@ class _SinkWrite:
         # abandoned at a cancel that came after the input ran out; those stay
         # open, and the worker spools them.
         self.transient_in_row = 0
+        if self.probe is not None:
+            self.probe *= 2
 
     def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport,
                 announced: set[int]) -> None:  # fmt: skip
@@ -282,7 +323,13 @@ class _SinkWrite:
                 continue
             if outcome.status is BatchStatus.UNSENT:
                 continue  # nothing sent: left open, spooled by the worker
-            kind = TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome)
+            kind = TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome, server_error_is_record=True)
+            if kind != TRANSIENT and _is_server_error(outcome) and tuple(batch) not in self.server_errors:
+                # A 500 may come after the batch was stored: first the same bytes once more (a
+                # replay if it was), and only if that fails too is it isolated like a rejection.
+                self.server_errors.add(tuple(batch))
+                splits.append(batch)
+                continue
             if kind == TRANSIENT:
                 # Sent, fate unknown (the answer never came, or retries ran out or were cut
                 # short): kept as this very batch, so a later sync replays it if it was stored.
@@ -293,10 +340,19 @@ class _SinkWrite:
             elif kind == SINK:
                 sink_refusal = sink_refusal or outcome
                 refused += batch
+            elif outcome.rejected_lines and outcome.code not in SIZE_CODES:
+                # Every bad line listed: all are set aside at once, the rest sent again.
+                bad_lines = set()
+                for line, reason, detail in listed_rejections(outcome):
+                    bad_lines.add(positions[line])
+                    self._reject(group[positions[line]], reason, detail)
+                resend += [p for p in batch if p not in bad_lines]
             elif outcome.rejected_line is not None and outcome.code not in SIZE_CODES:
                 bad = positions[outcome.rejected_line]
                 self._reject(group[bad], rejection_reason(outcome), describe(outcome))
                 resend += [p for p in batch if p != bad]
+                # The lines before it passed; how many is a guess of how far the next bad one is.
+                self.probe = max(1, batch.index(bad))
             elif len(batch) == 1:
                 self._reject(group[batch[0]], rejection_reason(outcome), describe(outcome))
             else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import threading
@@ -174,9 +175,12 @@ class Run:
             self._patch_lock.release()
 
     def _tick(self) -> None:
-        """The worker's timer: send what changed, and keep ``run.json`` current."""
-        if self._lifecycle is not None and self._worker is not None:
-            self.send_updates(timeout_s=self._worker.tick_interval_s)
+        """The worker's timer: send what changed (on a helper), and keep ``run.json`` current."""
+        if self._lifecycle is not None and self._worker is not None and not self._patch_lock.locked():
+            # Never on the worker thread: a slow answer must not hold uploads back. Bounded as a
+            # whole by the interval; one still waiting makes the next ticks skip (send_updates).
+            run_in_daemon(functools.partial(self.send_updates, timeout_s=self._worker.tick_interval_s),
+                          f"prime-runs-update-{self.id}")  # fmt: skip
         if self._run_file is not None:
             self._run_file.save_if_dirty()
 

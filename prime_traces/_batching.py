@@ -72,6 +72,7 @@ class Batch:
         "_body",
         "_key",
         "_lock",
+        "_released",
     )
 
     def __init__(self, index: int, parts: list[bytes], line_indexes: list[int], size_bytes: int):
@@ -89,6 +90,7 @@ class Batch:
         self._body: bytes | None = None
         self._key: str | None = None
         self._lock = threading.Lock()
+        self._released = False
 
     @property
     def line_count(self) -> int:
@@ -101,6 +103,8 @@ class Batch:
         body = self._body
         if body is None:
             with self._lock:
+                if self._released:
+                    raise RuntimeError(f"batch {self.index} was committed and its bytes released")
                 if self._body is None:
                     assert self._parts is not None
                     self._body = b"".join(self._parts)
@@ -118,6 +122,15 @@ class Batch:
             # plain assignment needs no lock.
             key = self._key = f"sha256:{digest}"
         return key
+
+    def release(self) -> None:
+        """Drop the bytes (the key, indexes and size stay): the batch is committed."""
+        if self._key is None:  # never hashed, so never sent: keep the bytes
+            return
+        with self._lock:
+            self._released = True
+            self._body = None
+            self._parts = None
 
     @property
     def lines(self) -> list[bytes]:

@@ -30,6 +30,8 @@ MAX_EPISODE_ID_CHARS = 256
 MAX_ENVIRONMENT_ID_CHARS = 256
 PAST_WINDOW_S = 365 * 24 * 3600
 FUTURE_WINDOW_S = 300
+#: The integers the service stores in columns are signed 64-bit.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 class LineError(ValueError):
     """One line breaks a rule: ``code`` is the contract's error code, ``message`` says which rule."""
@@ -99,6 +101,7 @@ def check_record(record: Mapping[str, Any], line_format: str, now: float, seen: 
                         "line is an episode (it has a 'traces' list) but the upload is "
                         "trace format; send X-Prime-Line-Format: episode")  # fmt: skip
     start = _created_at(record, now)
+    check_stored_numbers(record, start)
     if seen is not None:
         _claim(seen.traces, record["id"], ErrorCode.DUPLICATE_TRACE_ID, "trace")
     return LineFacts(record, 1, [], [start])
@@ -111,6 +114,8 @@ def _episode(record: Mapping[str, Any], now: float, seen: SeenIds | None) -> Lin
                         "the upload is episode format but the line has no 'traces' list")  # fmt: skip
     members = [_member(m, i) for i, m in enumerate(members)]
     starts = [_created_at(m, now) for m in members]
+    for position, (member, start) in enumerate(zip(members, starts)):
+        check_stored_numbers(member, start, f"traces[{position}].")
     if seen is not None:
         for member in members:
             _claim(seen.traces, member["id"], ErrorCode.DUPLICATE_TRACE_ID, "trace")
@@ -151,6 +156,48 @@ def _created_at(trace: Mapping[str, Any], now: float) -> float:
             f"trace {trace['id']!r} timing.start {start} is outside now-365d .. now+300s",
         )
     return float(start)
+
+
+def check_stored_numbers(trace: Mapping[str, Any], start: float, prefix: str = "") -> None:
+    """``invalid_trace`` for a number the service would derive a column from but cannot store.
+
+    The step, the token counts and the duration (``timing.scoring.end`` less
+    ``timing.start``, in ms) become signed 64-bit integers; a value outside
+    that range (a ``step`` of 2**63, an end time of 1e300) is refused here,
+    naming the field, rather than failing the whole request in the database.
+    """
+    run = trace.get("run")
+    work = run.get("work") if isinstance(run, Mapping) else None
+    if isinstance(work, Mapping):
+        _check_int64(work.get("step"), f"{prefix}run.work.step", trace)
+    calls = trace.get("calls")
+    if _is_array(calls):
+        for index, call in enumerate(calls):
+            usage = call.get("usage") if isinstance(call, Mapping) else None
+            if isinstance(usage, Mapping):
+                _check_int64(usage.get("total_tokens"), f"{prefix}calls[{index}].usage.total_tokens", trace)
+    timing = trace.get("timing")
+    scoring = timing.get("scoring") if isinstance(timing, Mapping) else None
+    end = scoring.get("end") if isinstance(scoring, Mapping) else None
+    if _is_number(end) and math.isfinite(end):
+        duration_ms = (end - start) * 1000
+        if not (math.isfinite(duration_ms) and INT64_MIN <= duration_ms <= INT64_MAX):
+            raise LineError(ErrorCode.INVALID_TRACE,
+                            f"trace {trace['id']!r} {prefix}timing.scoring.end {end} is too far from timing.start "
+                            f"{start} for a 64-bit duration in milliseconds")  # fmt: skip
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_int64(value: Any, path: str, trace: Mapping[str, Any]) -> None:
+    # Floats with an integral value are stored as integers too.
+    if not _is_number(value) or (isinstance(value, float) and not value.is_integer()):
+        return
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise LineError(ErrorCode.INVALID_TRACE,
+                        f"trace {trace['id']!r} {path} is {value}, outside the signed 64-bit range")  # fmt: skip
 
 
 def _claim(seen: set[str], key: str, code: ErrorCode, what: str) -> None:

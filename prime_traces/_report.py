@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prime_traces._models import UploadReceipt
-    from prime_traces.errors import PrimeTracesError
+    from prime_traces.errors import LineRejection, PrimeTracesError
 
 
 class LineStatus(str, enum.Enum):
@@ -64,9 +64,13 @@ class BatchOutcome:
     rejected_line: int | None = None
     record_id: str | None = None
     code: str | None = None
+    #: Every rejected line the service listed (contract §9): input index -> its rejection.
+    rejected_lines: dict[int, LineRejection] = field(default_factory=dict)
 
     def status_of(self, line_index: int) -> LineStatus:
         if self.status is BatchStatus.REJECTED:
+            if self.rejected_lines:
+                return LineStatus.REJECTED if line_index in self.rejected_lines else LineStatus.NOT_STORED
             # Without a located line the whole batch stands refused.
             if self.rejected_line is None or self.rejected_line == line_index:
                 return LineStatus.REJECTED

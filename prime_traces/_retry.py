@@ -7,6 +7,11 @@ for reads. Only :class:`RetryableAPIError` (429, 502, 503, 504) and
 every 4xx above all, is raised at once. A wait honours ``Retry-After``
 (capped at :data:`MAX_RETRY_AFTER_S`), else backs off exponentially with
 jitter. A ``cancel`` event cuts a wait short and stops the retries.
+
+A *refusal* (429, or a 503 with one of the service's refusal codes) is the
+service asking the client to slow down, not a failure of the request. With
+``refusals_free`` an upload waits it out without spending an attempt, for as
+long as ``max_refused_s`` allows (``None``: until ``cancel`` or the deadline).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import tenacity
 from tenacity import RetryCallState
 
-from prime_traces.errors import RetryableAPIError, TransportError
+from prime_traces.errors import SERVICE_REFUSAL_CODES, RetryableAPIError, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +39,13 @@ MAX_RETRY_AFTER_S = 60.0
 MAX_BACKOFF_S = 30.0
 
 RETRYABLE_ERRORS = (RetryableAPIError, TransportError)
+
+
+def is_refusal(error: BaseException | None) -> bool:
+    """429, or 503 with a refusal code: the service did nothing and asks to be asked later."""
+    if not isinstance(error, RetryableAPIError):
+        return False
+    return error.status_code == 429 or (error.status_code == 503 and error.code in SERVICE_REFUSAL_CODES)
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -88,15 +100,20 @@ def backoff_s(attempt: int, rng: random.Random | None = None) -> float:
 class wait_retry_after_or_backoff(tenacity.wait.wait_base):
     """A tenacity wait: the error's ``retry_after`` if it has one, else :func:`backoff_s`."""
 
-    def __init__(self, rng: random.Random | None = None) -> None:
+    def __init__(self, rng: random.Random | None = None, *, refusal_jitter: bool = False) -> None:
         self.rng = rng or random.Random()
+        # Producers refused together must not all come back at the same instant.
+        self.refusal_jitter = refusal_jitter
 
     def __call__(self, retry_state: RetryCallState) -> float:
         outcome = retry_state.outcome
         error = outcome.exception() if outcome is not None and outcome.failed else None
         retry_after = getattr(error, "retry_after", None)
         if retry_after is not None:
-            return min(max(float(retry_after), 0.0), MAX_RETRY_AFTER_S)
+            wait = max(float(retry_after), 0.0)
+            if self.refusal_jitter and is_refusal(error):
+                wait *= self.rng.uniform(1.0, 1.5)
+            return min(wait, MAX_RETRY_AFTER_S)
         return backoff_s(retry_state.attempt_number - 1, self.rng)
 
 
@@ -109,6 +126,40 @@ class stop_before_deadline(tenacity.stop.stop_base):
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         return self.clock() + retry_state.upcoming_sleep > self.deadline_monotonic
+
+
+class stop_after_failures(tenacity.stop.stop_base):
+    """A tenacity stop for one call: ``max_attempts`` failures that were not refusals.
+
+    Refusals spend no attempt; they stop the retries only once they have gone
+    on, with no other answer between them, for more than ``max_refused_s``
+    (``None``: never). Stateful, so a fresh one serves each call.
+    """
+
+    def __init__(self, max_attempts: int, max_refused_s: float | None, clock: Callable[[], float]):
+        self.max_attempts = max_attempts
+        self.max_refused_s = max_refused_s
+        self.clock = clock
+        self._failures = 0
+        self._refused_since: float | None = None
+        self._counted = 0
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        if retry_state.attempt_number != self._counted:
+            self._counted = retry_state.attempt_number
+            outcome = retry_state.outcome
+            error = outcome.exception() if outcome is not None and outcome.failed else None
+            if is_refusal(error):
+                if self._refused_since is None:
+                    self._refused_since = self.clock()
+            else:
+                self._refused_since = None
+                self._failures += 1
+        if self._failures >= self.max_attempts:
+            return True
+        if self._refused_since is not None and self.max_refused_s is not None:
+            return self.clock() - self._refused_since >= self.max_refused_s
+        return False
 
 
 class _Cancellation:
@@ -158,10 +209,18 @@ def _retrying(
     deadline_monotonic: float | None,
     rng: random.Random | None,
     clock: Callable[[], float],
+    refusals_free: bool = False,
+    max_refused_s: float | None = None,
 ) -> tenacity.Retrying:
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ValueError(f"max_attempts must be an int of at least 1, got {max_attempts!r}")
-    stop: tenacity.stop.stop_base = tenacity.stop_after_attempt(max_attempts)
+    if max_refused_s is not None and max_refused_s < 0:
+        raise ValueError(f"max_refused_s must be at least 0, not {max_refused_s}")
+    stop: tenacity.stop.stop_base
+    if refusals_free:
+        stop = stop_after_failures(max_attempts, max_refused_s, clock)
+    else:
+        stop = tenacity.stop_after_attempt(max_attempts)
     if cancel is not None:
         stop = stop | tenacity.stop_when_event_set(cancel)
     if deadline_monotonic is not None:
@@ -169,7 +228,7 @@ def _retrying(
     hooks = _Cancellation(cancel, sleep)
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(RETRYABLE_ERRORS),
-        wait=wait_retry_after_or_backoff(rng),
+        wait=wait_retry_after_or_backoff(rng, refusal_jitter=refusals_free),
         stop=stop,
         sleep=hooks.sleep,
         before_sleep=hooks.before_sleep,
@@ -185,13 +244,18 @@ def upload_retrying(
     deadline_monotonic: float | None = None,
     rng: random.Random | None = None,
     clock: Callable[[], float] = time.monotonic,
+    refusals_free: bool = False,
+    max_refused_s: float | None = None,
 ) -> tenacity.Retrying:
     """The retry policy of one upload: call it with the function that sends the batch.
 
     Retries :class:`RetryableAPIError` and :class:`TransportError` up to
     ``max_attempts`` attempts in all, and stops early when ``cancel`` is set or
     the next wait would end past ``deadline_monotonic`` (a
-    :func:`time.monotonic` instant). The last error is re-raised unchanged.
+    :func:`time.monotonic` instant). With ``refusals_free``, refusals
+    (:func:`is_refusal`) spend no attempt and their ``Retry-After`` gets a
+    jitter of up to +50 %; they end the retries only after ``max_refused_s`` of
+    refusals in a row (``None``: never). The last error is re-raised unchanged.
     ``sleep`` defaults to waiting on ``cancel`` (so setting it ends the wait
     at once), or :func:`time.sleep` without one; ``rng`` and ``clock`` are for
     tests. The caller must resend identical bytes and key on every attempt::
@@ -206,6 +270,8 @@ def upload_retrying(
         deadline_monotonic=deadline_monotonic,
         rng=rng,
         clock=clock,
+        refusals_free=refusals_free,
+        max_refused_s=max_refused_s,
     )
 
 

@@ -15,11 +15,13 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 import requests
+import urllib3
 
 from prime_traces._config import (
     CONNECT_TIMEOUT_S,
@@ -35,6 +37,7 @@ from prime_traces.errors import (
     ErrorCode,
     ForbiddenError,
     LineFormatConflictError,
+    LineRejection,
     NotFoundError,
     RetryableAPIError,
     TransportError,
@@ -59,6 +62,7 @@ def error_from_response(resp: requests.Response) -> APIError:
     message: str | None = None
     line: int | None = None
     record_id: str | None = None
+    errors: tuple[LineRejection, ...] = ()
     try:
         payload = orjson.loads(resp.content) if resp.content else None
     except orjson.JSONDecodeError:
@@ -69,13 +73,14 @@ def error_from_response(resp: requests.Response) -> APIError:
         message = error.get("message") if isinstance(error.get("message"), str) else None
         line = error.get("line") if type(error.get("line")) is int else None
         record_id = error.get("id") if isinstance(error.get("id"), str) else None
+        errors = _line_rejections(error.get("errors"))
     elif isinstance(payload, dict) and "detail" in payload:
         message = str(payload["detail"])
     elif resp.content and payload is None:
         message = resp.content[:500].decode("utf-8", "replace")
     status = resp.status_code
     args: tuple[Any, ...] = (status, code, message or f"HTTP {status}")
-    kwargs: dict[str, Any] = {"line": line, "record_id": record_id}
+    kwargs: dict[str, Any] = {"line": line, "record_id": record_id, "errors": errors}
     if status in RETRYABLE_STATUSES:
         return RetryableAPIError(*args, retry_after=parse_retry_after(resp.headers.get("Retry-After")), **kwargs)
     if status == 400:
@@ -89,6 +94,50 @@ def error_from_response(resp: requests.Response) -> APIError:
     if status == 409 and code != ErrorCode.TRACE_NOT_INDEXED.value:
         return LineFormatConflictError(*args, **kwargs)
     return APIError(*args, **kwargs)
+
+
+def _read_until(resp: requests.Response, deadline: float) -> None:
+    """Read the body of a streamed answer, giving up at ``deadline`` (a monotonic instant)."""
+    chunks = []
+    try:
+        while True:
+            if time.monotonic() >= deadline:
+                raise requests.Timeout("the answer did not end in time")
+            # One receive at a time, so the deadline is checked as bytes trickle in.
+            chunk = resp.raw.read1(1 << 16, decode_content=True)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except urllib3.exceptions.ReadTimeoutError as err:
+        resp.close()
+        raise requests.Timeout(str(err)) from err
+    except (urllib3.exceptions.HTTPError, OSError) as err:
+        resp.close()
+        raise requests.ConnectionError(str(err)) from err
+    except BaseException:
+        resp.close()
+        raise
+    resp._content = b"".join(chunks)  # what .content would have read
+    resp._content_consumed = True
+    resp.close()
+
+
+def _line_rejections(entries: Any) -> tuple[LineRejection, ...]:
+    """The ``errors`` list of a 400 (contract §9); entries without an int line are skipped."""
+    if not isinstance(entries, list):
+        return ()
+    found = []
+    for entry in entries:
+        if not isinstance(entry, dict) or type(entry.get("line")) is not int:
+            continue
+        code, message, record_id = entry.get("code"), entry.get("message"), entry.get("id")
+        found.append(LineRejection(
+            entry["line"],
+            code if isinstance(code, str) else None,
+            message if isinstance(message, str) else "rejected",
+            record_id if isinstance(record_id, str) else None,
+        ))  # fmt: skip
+    return tuple(found)
 
 
 class Transport:
@@ -179,10 +228,17 @@ class Transport:
         headers: Mapping[str, str] | None = None,
         stream: bool = False,
         timeout_s: float | None = None,
+        whole: bool = False,
     ) -> requests.Response:
-        """Send one request; return a 2xx response or raise the typed error."""
+        """Send one request; return a 2xx response or raise the typed error.
+
+        ``timeout_s`` bounds connecting and each read. With ``whole`` it bounds
+        the whole answer too: a service that trickles its answer byte by byte
+        cannot hold the caller past ``timeout_s`` (plus one read).
+        """
         read_timeout = self.timeout_s if timeout_s is None else max(0.001, min(timeout_s, self.timeout_s))
         connect_timeout = min(self.connect_timeout_s, read_timeout)
+        deadline = time.monotonic() + read_timeout if whole and not stream else None
         try:
             resp = self._session().request(
                 method,
@@ -190,10 +246,12 @@ class Transport:
                 params=params,
                 data=data,
                 headers=dict(headers) if headers else None,
-                stream=stream,
+                stream=stream or deadline is not None,
                 timeout=(connect_timeout, read_timeout),
                 allow_redirects=True,
             )
+            if deadline is not None:
+                _read_until(resp, deadline)
         except requests.Timeout as err:
             self._scrub_chain(err)
             raise APITimeoutError(f"{method} {_path(url)}: no answer within {read_timeout:g} s") from err

@@ -11,6 +11,7 @@ finish; then :class:`UploadError` reports every line.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import threading
@@ -38,8 +39,9 @@ from prime_traces._compress import (
 from prime_traces._models import UploadReceipt
 from prime_traces._pool import DaemonPool
 from prime_traces._report import BatchOutcome, BatchStatus, UploadReport
-from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS, upload_retrying
+from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS, is_refusal, upload_retrying
 from prime_traces._transport import Transport
+from prime_traces._window import OK, OTHER, REFUSED, InFlightWindow
 from prime_traces.errors import (
     APIError,
     RetryableAPIError,
@@ -52,8 +54,12 @@ logger = logging.getLogger(__name__)
 LINE_FORMATS = ("trace", "episode")
 #: How long a cancelled upload waits for requests already in flight.
 DEFAULT_ABANDON_AFTER_S = 1.0
+#: How long a batch may be refused (429, 503 refusals) in a row before the upload gives up.
+DEFAULT_MAX_REFUSED_S = 600.0
 # How often a cancellable upload looks at its cancel event while it waits.
 _CANCEL_CHECK_S = 0.02
+# The most batches an upload keeps in order behind its head-of-line batch.
+_MAX_WAITING_BATCHES = 512
 
 OnBatch = Callable[[Batch, UploadReceipt], Any]
 
@@ -67,6 +73,8 @@ class UploadSettings:
     schema_version: int = 1
     target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES
     max_attempts: int = DEFAULT_UPLOAD_ATTEMPTS
+    #: Refusals spend no attempt; a batch refused this long in a row fails (None: never, until cancel).
+    max_refused_s: float | None = DEFAULT_MAX_REFUSED_S
 
     def validate(self) -> None:
         if self.line_format not in LINE_FORMATS:
@@ -75,6 +83,8 @@ class UploadSettings:
             raise ValueError(f"target_batch_bytes must be within 1..{MAX_BATCH_BYTES}, not {self.target_batch_bytes}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        if self.max_refused_s is not None and self.max_refused_s < 0:
+            raise ValueError(f"max_refused_s must be at least 0 or None, not {self.max_refused_s}")
         if self.context is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.context.items()
         ):
@@ -89,30 +99,59 @@ class UploadSettings:
 
 
 class Sender:
-    """Sends one batch with retries; runs on pool threads."""
+    """Sends one batch with retries; runs on pool threads.
 
-    def __init__(self, transport: Transport, selector: CodingSelector, *, zstd_level: int,
-                 sleep: Callable[[float], None] | None = None) -> None:  # fmt: skip
+    Every attempt holds a slot of the client's :class:`InFlightWindow` while
+    its request is on the wire (not while it waits to retry), and tells the
+    window how it went.
+    """
+
+    def __init__(self, transport: Transport, selector: CodingSelector, window: InFlightWindow, *,
+                 zstd_level: int, sleep: Callable[[float], None] | None = None) -> None:  # fmt: skip
         self.transport = transport
         self.selector = selector
+        self.window = window
         self.zstd_level = zstd_level
         self.sleep = sleep
         self.url = transport.config.base_url + "/api/v1/traces"
 
-    def send(self, batch: Batch, settings: UploadSettings, cancel: threading.Event | None) -> UploadReceipt:
-        key = batch.key
-        metadata = settings.metadata()
-        retrying = upload_retrying(settings.max_attempts, cancel=cancel, sleep=self.sleep)
-        return retrying(self._attempt, batch, key, metadata, settings.line_format)
+    def send(self, batch: Batch, settings: UploadSettings, cancel: threading.Event | None,
+             reserved: bool = False) -> UploadReceipt:  # fmt: skip
+        """Send ``batch`` until it commits, fails for good, or ``cancel`` is set.
 
-    def _attempt(self, batch: Batch, key: str, metadata: bytes, line_format: str) -> UploadReceipt:
+        ``reserved``: the caller holds a window reservation for the first attempt.
+        """
+        metadata = settings.metadata()
+        retrying = upload_retrying(settings.max_attempts, cancel=cancel, sleep=self.sleep,
+                                   refusals_free=True, max_refused_s=settings.max_refused_s)  # fmt: skip
+        reservation = [reserved]
+        return retrying(self._attempt, batch, metadata, settings.line_format, cancel, reservation)
+
+    def _attempt(self, batch: Batch, metadata: bytes, line_format: str, cancel: threading.Event | None,
+                 reservation: list[bool]) -> UploadReceipt:  # fmt: skip
+        reserved, reservation[0] = reservation[0], False
+        ticket = self.window.acquire(cancel, reserved=reserved)
+        if ticket is None:
+            raise TransportError("upload cancelled before the request was sent")
+        outcome = OTHER
+        try:
+            receipt = self._send_coded(batch, metadata, line_format)
+            outcome = OK
+            return receipt
+        except RetryableAPIError as err:
+            outcome = REFUSED if is_refusal(err) else OTHER
+            raise
+        finally:
+            self.window.release(ticket, outcome)
+
+    def _send_coded(self, batch: Batch, metadata: bytes, line_format: str) -> UploadReceipt:
         coding = self.selector.current()
         try:
-            return self._post(batch, key, metadata, line_format, coding)
+            return self._post(batch, batch.key, metadata, line_format, coding)
         except APIError as err:
             if err.status_code == 415 and coding == ZSTD:
                 self.selector.refused(ZSTD)
-                return self._post(batch, key, metadata, line_format, self.selector.current())
+                return self._post(batch, batch.key, metadata, line_format, self.selector.current())
             raise
 
     def _post(self, batch: Batch, key: str, metadata: bytes, line_format: str, coding: str) -> UploadReceipt:
@@ -152,8 +191,9 @@ def outcome_of(batch: Batch, future: Future[UploadReceipt] | None) -> BatchOutco
     if isinstance(err, (RetryableAPIError, TransportError)) or not isinstance(err, APIError):
         return BatchOutcome(**base, status=BatchStatus.FAILED, error=err, code=getattr(err, "code", None))
     rejected = batch.input_index_of(err.line) if err.line is not None else None
+    listed = {index: entry for entry in err.errors if (index := batch.input_index_of(entry.line)) is not None}
     return BatchOutcome(**base, status=BatchStatus.REJECTED, error=err, code=err.code,
-                        rejected_line=rejected, record_id=err.record_id)  # fmt: skip
+                        rejected_line=rejected, record_id=err.record_id, rejected_lines=listed)  # fmt: skip
 
 
 class Upload:
@@ -176,8 +216,20 @@ class Upload:
         self.next_line = 0
         self._on_batch_failed = False
         self._wake = threading.Event()
+        # Batches sent and not committed (they hold their bytes), and the earliest failure.
+        self._counts_lock = threading.Lock()
+        self._holding = 0
+        self._first_error: tuple[int, BaseException] | None = None
 
     def run(self, lines: Iterable[Any]) -> list[UploadReceipt]:
+        # A slot given back anywhere in the client may make room here.
+        self.sender.window.subscribe(self._wake)
+        try:
+            return self._run(lines)
+        finally:
+            self.sender.window.unsubscribe(self._wake)
+
+    def _run(self, lines: Iterable[Any]) -> list[UploadReceipt]:
         batches = iter_batches(lines, target_batch_bytes=self.settings.target_batch_bytes)
         exhausted = False
         sent_any = False
@@ -185,20 +237,28 @@ class Upload:
             self._wake.clear()
             # Collect first: a failure seen now must stop the refill below.
             self._collect()
-            while not exhausted and self.failure is None and not self._cancelled() and self._has_room():
+            while not exhausted and self.failure is None and not self._cancelled() and self._reserve():
                 try:
                     batch = next(batches)
                 except StopIteration:
+                    self.sender.window.unreserve()
                     exhausted = True
                     break
                 except Exception as err:  # a line or record that cannot be sent
+                    self.sender.window.unreserve()
                     if not sent_any:
                         raise
                     self.failure = err
                     break
-                future = self.pool.submit(self.sender.send, batch, self.settings, self.cancel)
-                future.add_done_callback(lambda _f: self._wake.set())
+                try:
+                    future = self.pool.submit(self.sender.send, batch, self.settings, self.cancel, True)
+                except BaseException:
+                    self.sender.window.unreserve()
+                    raise
+                with self._counts_lock:
+                    self._holding += 1
                 self.window.append((batch, future))
+                future.add_done_callback(functools.partial(self._finished, batch))
                 self.next_line = batch.line_indexes[-1] + 1
                 sent_any = True
             if not self.window:
@@ -215,15 +275,31 @@ class Upload:
             self.report.unsent_from_line = self.next_line
         raise self._error(cancelled_early)
 
-    def _has_room(self) -> bool:
-        # At most max_in_flight requests run; finished batches waiting behind a
-        # slow head-of-line batch may add as many again (bounded memory).
-        running = sum(1 for _, future in self.window if not future.done())
-        limit = self.max_in_flight
-        if self.sender.selector.probing and not any(future.done() for _, future in self.window):
+    def _reserve(self) -> bool:
+        """Whether another batch may be queued now; if so, its place in the window is reserved."""
+        # Batches not yet committed hold their bytes: at most twice the window
+        # of them. Committed ones waiting behind a slow head-of-line batch
+        # (one waiting out a refusal) have released theirs and cost a few
+        # bytes each, so many more may wait: the pipe keeps flowing.
+        if self._holding >= 2 * self.max_in_flight or len(self.window) >= _MAX_WAITING_BATCHES:
+            return False
+        if self.sender.selector.probing and self.window and not any(f.done() for _, f in self.window):
             # "auto": one batch asks first, so the rest go in the coding the service advertises.
-            limit = 1
-        return running < limit and len(self.window) < 2 * self.max_in_flight
+            return False
+        return self.sender.window.try_reserve()
+
+    def _finished(self, batch: Batch, future: Future[UploadReceipt]) -> None:
+        # On the pool thread: counts kept here spare the loop a scan of the window.
+        error = future.exception()
+        if error is None:
+            batch.release()  # committed: only its key, indexes and size are needed from here
+            with self._counts_lock:
+                self._holding -= 1
+        else:
+            with self._counts_lock:
+                if self._first_error is None or batch.index < self._first_error[0]:
+                    self._first_error = (batch.index, error)
+        self._wake.set()
 
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -240,11 +316,8 @@ class Upload:
                 self._announce(batch, outcome.receipt)
             elif self.failure is None:
                 self.failure = outcome.error
-        if self.failure is None:
-            for _, future in self.window:
-                if future.done() and future.exception() is not None:
-                    self.failure = future.exception()
-                    break
+        if self.failure is None and self._first_error is not None:
+            self.failure = self._first_error[1]
 
     def _announce(self, batch: Batch, receipt: UploadReceipt) -> None:
         # Committed batches are announced even after a failure elsewhere:

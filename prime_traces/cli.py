@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from prime_traces._version import __version__
-from prime_traces.server._faults import DEFAULT_SATURATED_RETRY_AFTER_S
+from prime_traces.server._faults import DEFAULT_SATURATED_RETRY_AFTER_S, FAIL_STATUSES
 
 SERVE_API_KEY_ENV = "PRIME_TRACES_SERVE_API_KEY"
 DEFAULT_DB_PATH = "prime-traces.db"
@@ -49,10 +49,12 @@ def _add_serve(sub: Any) -> None:
     f.add_argument("--bandwidth-mb-s", type=float, default=None, help="cap on reading each body")
     f.add_argument("--fail-fraction", type=float, default=0.0, help="fraction of uploads refused")
     f.add_argument("--fail-count", type=int, default=0, help="refuse the next N uploads")
-    f.add_argument("--fail-status", type=int, choices=(429, 503), default=503)
+    f.add_argument("--fail-status", type=int, choices=FAIL_STATUSES, default=503,
+                   help="429 and 503 are refusals (with a code); 500, 502 and 504 carry none")
     f.add_argument("--fail-retry-after-s", type=float, default=1.0)
     f.add_argument("--reject-marker", default=None, help="400 invalid_trace for lines containing it")
     f.add_argument("--reject-omit-line", action="store_true", help="leave line and id out of 400s")
+    f.add_argument("--reject-first-only", action="store_true", help="name the first rejected line, not all")
     f.add_argument("--hang-uploads", action="store_true", help="never answer uploads")
     f.add_argument("--drop-after-body", type=int, default=0,
                    help="close the next N upload connections after reading the body")  # fmt: skip
@@ -75,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
         fail_fraction=args.fail_fraction, fail_count=args.fail_count,
         fail_status=args.fail_status, fail_retry_after_s=args.fail_retry_after_s,
         reject_marker=args.reject_marker, reject_omit_line=args.reject_omit_line,
+        reject_first_only=args.reject_first_only,
         hang_uploads=args.hang_uploads, drop_after_body=args.drop_after_body,
         drop_after_commit=not args.drop_before_commit,
     )  # fmt: skip

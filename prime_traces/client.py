@@ -22,8 +22,10 @@ from prime_traces._pool import DaemonPool
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
 from prime_traces._transport import Transport
+from prime_traces._window import InFlightWindow
 from prime_traces._uploader import (
     DEFAULT_ABANDON_AFTER_S,
+    DEFAULT_MAX_REFUSED_S,
     OnBatch,
     Sender,
     Upload,
@@ -92,8 +94,10 @@ class TracesClient(ReadAPI):
         self.max_in_flight = max_in_flight
         self.abandon_after_s = abandon_after_s
         self._selector = CodingSelector(compression)
-        self._sender = Sender(transport, self._selector, zstd_level=zstd_level, sleep=_sleep)
-        self._pool = DaemonPool(max_in_flight, name="prime-traces-upload")
+        self._window = InFlightWindow(max_in_flight)
+        self._sender = Sender(transport, self._selector, self._window, zstd_level=zstd_level, sleep=_sleep)
+        # Up to twice the window's batches are queued; those waiting out a refusal keep their thread.
+        self._pool = DaemonPool(2 * max_in_flight, name="prime-traces-upload")
         self._closed = threading.Event()
 
     def __repr__(self) -> str:
@@ -111,6 +115,7 @@ class TracesClient(ReadAPI):
         schema_version: int = 1,
         target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
         max_attempts: int = DEFAULT_UPLOAD_ATTEMPTS,
+        max_refused_s: float | None = DEFAULT_MAX_REFUSED_S,
         on_batch: OnBatch | None = None,
         cancel: threading.Event | None = None,
     ) -> list[UploadReceipt]:
@@ -120,6 +125,13 @@ class TracesClient(ReadAPI):
         each batch's bytes its idempotency key), so re-running an upload
         replays instead of storing twice. ``on_batch(batch, receipt)`` runs on
         this thread, in batch order, as each head-of-line batch commits.
+
+        A batch gets ``max_attempts`` attempts against failures (5xx,
+        transport errors). Refusals (429, and 503 with a refusal code) are the
+        service asking to slow down: they spend no attempt, shrink the
+        client's in-flight window, and are waited out (``Retry-After``, with
+        jitter) for up to ``max_refused_s`` in a row (``None``: until
+        ``cancel`` is set).
 
         Raises:
             TraceTooLargeError, TypeError: a line cannot be sent, found before
@@ -131,7 +143,8 @@ class TracesClient(ReadAPI):
             raise TypeError("lines must be an iterable of lines, not a single str or bytes")
         if self._closed.is_set():
             raise RuntimeError("this TracesClient is closed")
-        settings = UploadSettings(line_format, context, schema_version, target_batch_bytes, max_attempts)
+        settings = UploadSettings(line_format, context, schema_version, target_batch_bytes, max_attempts,
+                                  max_refused_s)  # fmt: skip
         settings.validate()
         upload = Upload(self._pool, self._sender, settings, max_in_flight=self.max_in_flight,
                         on_batch=on_batch, cancel=cancel, abandon_after_s=self.abandon_after_s)  # fmt: skip
@@ -160,6 +173,10 @@ class TracesClient(ReadAPI):
     def upload_file(self, path: str | os.PathLike[str], **kwargs: Any) -> list[UploadReceipt]:
         """Upload a JSONL file, streamed; arguments as :meth:`upload_lines`."""
         return self.upload_lines(iter_file_lines(path), **kwargs)
+
+    def upload_stats(self) -> dict[str, Any]:
+        """The in-flight window now: its limit, requests in flight, refusals and decreases so far."""
+        return self._window.snapshot()
 
     def close(self) -> None:
         """Release sessions and threads. Requests still running are abandoned."""

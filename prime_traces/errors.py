@@ -9,6 +9,7 @@ API key: they are built from status, code and the service's own message only.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -83,12 +84,23 @@ class PrimeTracesError(Exception):
     """Root of every error raised by ``prime_traces``."""
 
 
+@dataclass(frozen=True)
+class LineRejection:
+    """One rejected line of an upload: its 1-based number in the body, code, message and id."""
+
+    line: int
+    code: str | None
+    message: str
+    record_id: str | None = None
+
+
 class APIError(PrimeTracesError):
     """The service answered with a status that is not success.
 
     ``code`` is the envelope's code (``None`` when the service sent none),
     ``line`` and ``record_id`` locate a line-level rejection when the service
-    says where it is (contract §9).
+    says where it is, and ``errors`` lists every rejected line when it sends
+    them all (contract §9; empty otherwise).
     """
 
     def __init__(
@@ -99,12 +111,14 @@ class APIError(PrimeTracesError):
         *,
         line: int | None = None,
         record_id: str | None = None,
+        errors: tuple[LineRejection, ...] = (),
     ) -> None:
         self.status_code = status_code
         self.code = code
         self.message = message
         self.line = line
         self.record_id = record_id
+        self.errors = errors
         where = ""
         if line is not None:
             where = f" (line {line}" + (f", id {record_id!r}" if record_id else "") + ")"

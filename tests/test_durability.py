@@ -162,6 +162,7 @@ def test_a_refused_key_keeps_the_run_for_a_sync_with_the_right_one(isolated, tmp
 
 
 def test_a_retired_sink_keeps_everything_after_it_on_disk(isolated, service):
+    service.faults.fail_status = 502
     service.faults.fail_fraction = 1.0
     service.faults.fail_retry_after_s = 0
     run = online(service, dir=isolated / "runs")

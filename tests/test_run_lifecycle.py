@@ -451,3 +451,26 @@ def _child_body(run: Run, flush_timeout_s: float = GATE_TIMEOUT_S) -> dict[str, 
         "owner": run._owner,
         "run_id": os.environ.get("PRIME_RUN_ID"),
     }
+
+
+def test_a_trickled_run_update_does_not_hold_uploads_back(service, quick_updates):
+    patched = threading.Event()
+    service.faults.on_run_update = patched.set
+    # Each answer to PATCH /runs comes a byte every 20 ms: always inside a read timeout, and
+    # several seconds in all.
+    service.faults.trickle_run_update_byte_s = 0.02
+    run = online(service)
+    run.log({"loss": 0.5}, step=1)
+    assert run.log_episodes(episodes("a", 2))
+    assert patched.wait(GATE_TIMEOUT_S)  # an update is on its way, its answer trickling
+    started = time.monotonic()
+    logged = episodes("b", 5)
+    assert run.log_episodes(logged)
+    assert run.flush(FLUSH_TIMEOUT_S)
+    flushed_in = time.monotonic() - started
+    stored = stored_episodes(service)
+    assert all(stored.get(e["id"]) == 1 for e in logged)  # stored while the answer still trickles
+    assert flushed_in < 3.0  # not held for the trickle
+    service.faults.trickle_run_update_byte_s = 0.0
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    assert identity_holds(run)

@@ -32,7 +32,7 @@ def timed(call, *args, **kwargs):
 
 @pytest.mark.parametrize(
     "options",
-    [dict(fail_status=500), dict(fail_fraction=1.5), dict(bandwidth_mb_s=0), dict(latency_ms=-1)],
+    [dict(fail_status=404), dict(fail_fraction=1.5), dict(bandwidth_mb_s=0), dict(latency_ms=-1)],
 )
 def test_invalid_fault_options_are_refused(options):
     with pytest.raises(ValueError):

@@ -140,6 +140,7 @@ def test_an_interrupted_sync_resumes_and_stores_nothing_twice(isolated, service,
     def fail_after_three(key: str) -> None:
         committed.append(key)
         if len(committed) == 3:  # the service goes down for the rest of this sync
+            service.faults.fail_status = 502
             service.faults.fail_fraction = 1.0
             service.faults.fail_retry_after_s = 0
 

@@ -32,7 +32,8 @@ SMALL_BATCH_BYTES = 48 * 1024
 @contextmanager
 def serving(tmp_path, **options: Any) -> Iterator[tuple[LocalTracesService, TracesClient]]:
     """A local service with ``options`` and a client for it; the client closes first."""
-    client_options = {k: options.pop(k) for k in ("max_in_flight", "abandon_after_s", "_sleep") if k in options}
+    client_options = {k: options.pop(k) for k in ("max_in_flight", "abandon_after_s", "_sleep", "compression")
+                      if k in options}
     with LocalTracesService(tmp_path / "db", **options) as svc:
         with TracesClient(api_key="k", base_url=svc.url, **client_options) as client:
             yield svc, client
@@ -180,11 +181,11 @@ def test_a_record_whose_to_record_raises_fails_alone(tmp_path):
     assert_identity(accounting, ledger)
 
 
-def test_a_503_storm_past_max_attempts_is_a_strike_and_leaves_every_record_undelivered(tmp_path):
+def test_a_502_storm_past_max_attempts_is_a_strike_and_leaves_every_record_undelivered(tmp_path):
     records = episodes(100)  # six batches
     accounting, ledger = ledger_for(len(records))
     waits: list[float] = []
-    with serving(tmp_path, fail_fraction=1.0, fail_status=503, max_in_flight=1, _sleep=waits.append) as (svc, client):
+    with serving(tmp_path, fail_fraction=1.0, fail_status=502, max_in_flight=1, _sleep=waits.append) as (svc, client):
         sink = sink_for(client, max_attempts=2, target_batch_bytes=SMALL_BATCH_BYTES, max_transient_failures=3)
         status = sink.write(records, "episode", ledger, threading.Event())
         stats = svc.stats()
@@ -207,7 +208,7 @@ def test_a_503_storm_past_max_attempts_is_a_strike_and_leaves_every_record_undel
 def test_a_transient_failure_leaves_only_its_batch_undelivered(tmp_path):
     records = episodes(50)
     accounting, ledger = ledger_for(len(records))
-    with serving(tmp_path, fail_count=2, max_in_flight=1, _sleep=lambda _s: None) as (svc, client):
+    with serving(tmp_path, fail_count=2, fail_status=502, max_in_flight=1, _sleep=lambda _s: None) as (svc, client):
         sink = sink_for(client, max_attempts=2, target_batch_bytes=SMALL_BATCH_BYTES)
         status = sink.write(records, "episode", ledger, threading.Event())
         ids = stored_ids(svc)

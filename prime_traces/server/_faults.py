@@ -17,6 +17,8 @@ from typing import Any
 
 DEFAULT_MAX_UPLOADS_IN_FLIGHT = 8
 DEFAULT_SATURATED_RETRY_AFTER_S = 1.0
+#: What an injected failure may answer.
+FAIL_STATUSES = (429, 500, 502, 503, 504)
 
 
 @dataclass
@@ -26,14 +28,21 @@ class Faults:
     - ``latency_ms``: added to every request before it is answered.
     - ``bandwidth_mb_s``: cap on how fast each request body is read.
     - ``fail_fraction`` / ``fail_count``: uploads answered ``fail_status``
-      (429 or 503) with ``Retry-After: fail_retry_after_s`` — the next
-      ``fail_count`` uploads, then a ``fail_fraction`` of the rest (seeded).
+      with ``Retry-After: fail_retry_after_s`` — the next ``fail_count``
+      uploads, then a ``fail_fraction`` of the rest (seeded). 429
+      (``rate_limited``) and 503 (``ingest_capacity_exceeded``) are refusals;
+      500, 502 and 504 carry no code, as a crashed handler or a gateway's would.
     - ``reject_marker``: any line containing it is 400 ``invalid_trace``;
-      ``reject_omit_line`` leaves the line number and id out of the answer.
+      ``reject_omit_line`` leaves the line number and id out of the answer;
+      ``reject_first_only`` names the first rejected line but not the
+      ``errors`` list of all of them (as the hosted service may).
     - ``hang_uploads``: read the body, then never answer (until stop).
     - ``drop_after_body``: the next N uploads have their connection closed
       after the body is read; with ``drop_after_commit`` the upload is
       committed first (the answer is lost, the data is not).
+    - ``trickle_run_update_byte_s``: answers to ``PATCH /api/v1/runs/{id}``
+      are sent a byte every this many seconds (after the update applied).
+      ``on_run_update`` (in-process only) is called before each such answer.
     - ``before_upload``: in-process only; called on the request thread after
       the body is read (a ``threading.Barrier(n).wait`` or ``Event.wait``
       gates uploads in tests). ``on_upload`` is the same, called with the
@@ -49,17 +58,20 @@ class Faults:
     fail_seed: int = 0
     reject_marker: str | None = None
     reject_omit_line: bool = False
+    reject_first_only: bool = False
     hang_uploads: bool = False
     drop_after_body: int = 0
     drop_after_commit: bool = True
+    trickle_run_update_byte_s: float = 0.0
+    on_run_update: Callable[[], Any] | None = None
     before_upload: Callable[[], Any] | None = None
     on_upload: Callable[[str], Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _rng: random.Random | None = field(default=None, repr=False, compare=False)
 
     def validate(self) -> None:
-        if self.fail_status not in (429, 503):
-            raise ValueError(f"fail_status must be 429 or 503, not {self.fail_status}")
+        if self.fail_status not in FAIL_STATUSES:
+            raise ValueError(f"fail_status must be one of {FAIL_STATUSES}, not {self.fail_status}")
         if not 0.0 <= self.fail_fraction <= 1.0:
             raise ValueError(f"fail_fraction must be within 0..1, not {self.fail_fraction}")
         if self.bandwidth_mb_s is not None and self.bandwidth_mb_s <= 0:

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 UPLOAD_PATH = API_PREFIX + "/traces"
+RUNS_PATH = API_PREFIX + "/runs/"
 ACCEPT_ENCODING = "zstd, gzip"
 # An unread body up to this size is read and discarded so the connection can
 # be reused; a larger one is cut off with the connection.
@@ -62,6 +63,8 @@ class HTTPError(Exception):
         self.line = line
         self.record_id = record_id
         self.headers = headers or {}
+        #: Every rejected line of an upload, ``{"line", "id"?, "code", "message"}`` (contract §9).
+        self.errors: list[dict[str, Any]] | None = None
 
     def envelope(self) -> dict[str, Any]:
         error: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -69,6 +72,8 @@ class HTTPError(Exception):
             error["line"] = self.line
             if self.record_id is not None:
                 error["id"] = self.record_id
+        if self.errors:
+            error["errors"] = self.errors
         return {"error": error}
 
 
@@ -81,6 +86,19 @@ class Response:
     content_type: str | None = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
     length: int | None = None
+
+
+def _trickled(response: Response, interval_s: float, stopping: threading.Event) -> Response:
+    """``response`` with its body sent a byte every ``interval_s`` (a fault)."""
+    body = bytes(response.body) if isinstance(response.body, (bytes, bytearray)) else b"".join(response.body)
+
+    def chunks() -> Iterable[bytes]:
+        for i in range(len(body)):
+            yield body[i : i + 1]
+            if stopping.wait(interval_s):
+                return
+
+    return Response(response.status, chunks(), response.content_type, response.headers, len(body))
 
 
 def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
@@ -196,6 +214,11 @@ class RequestHandler(BaseHTTPRequestHandler):
         # Added on top of the work, like a network round trip would be.
         if state.faults.latency_ms > 0:
             state.stopping.wait(state.faults.latency_ms / 1000.0)
+        if self.command == "PATCH" and split.path.startswith(RUNS_PATH):
+            if state.faults.on_run_update is not None:
+                state.faults.on_run_update()
+            if state.faults.trickle_run_update_byte_s > 0:
+                response = _trickled(response, state.faults.trickle_run_update_byte_s, state.stopping)
         self._send(response)
 
     def drain_body(self) -> None:

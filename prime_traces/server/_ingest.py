@@ -2,8 +2,10 @@
 
 Validation is deterministic: the same bytes always get the same verdict, so
 a client can trust that a retried 400 would fail again. Checks run line by
-line, in the contract's order, and the first failure is answered with its
-1-based line number and the record's id (contract §9).
+line, in the contract's order. Every line is checked: the first failure is
+answered with its 1-based line number and the record's id, and the answer's
+``errors`` lists every failing line (at most :data:`MAX_LISTED_ERRORS`), so
+a client drops all its bad records in one round trip (contract §9).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from prime_traces.server._extract import episode_columns, trace_columns
 from prime_traces.server._http import HTTPError
 from prime_traces.server._store import EpisodeRow, TraceRow
 
+#: The most rejected lines one answer lists (contract §9).
+MAX_LISTED_ERRORS = 1000
 
 
 @dataclass
@@ -41,6 +45,7 @@ class UploadMeta:
     now: float
     reject_marker: bytes | None = None
     reject_omit_line: bool = False
+    reject_first_only: bool = False
     keep_rows: bool = True
 
 
@@ -91,10 +96,19 @@ def validate_light(body: bytes, meta: UploadMeta) -> IngestResult:
         raise _rejection(meta, ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
                          f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload", None, None)  # fmt: skip
     if meta.reject_marker is not None:
-        at = body.find(meta.reject_marker)
-        if at >= 0:
-            number = body.count(b"\n", 0, at) + 1
-            raise _rejection(meta, ErrorCode.INVALID_TRACE, "line carries the reject marker", number, None)
+        errors: list[tuple[ErrorCode, str, int, str | None]] = []
+        at, number, counted_to = body.find(meta.reject_marker), 1, 0
+        while at >= 0 and len(errors) < MAX_LISTED_ERRORS:
+            number += body.count(b"\n", counted_to, at)
+            errors.append((ErrorCode.INVALID_TRACE, "line carries the reject marker", number, None))
+            end = body.find(b"\n", at)
+            if end < 0:
+                break
+            counted_to = end + 1
+            number += 1
+            at = body.find(meta.reject_marker, counted_to)
+        if errors:
+            raise _rejections(meta, errors)
     return IngestResult(lines=lines, rows=lines)
 
 
@@ -102,6 +116,7 @@ def validate_full(body: bytes, meta: UploadMeta) -> IngestResult:
     """Validate every line and build the rows to store."""
     result = IngestResult()
     seen = SeenIds()
+    errors: list[tuple[ErrorCode, str, int, str | None]] = []
     for number, line in _iter_lines(body):
         record_id = None
         try:
@@ -114,18 +129,26 @@ def validate_full(body: bytes, meta: UploadMeta) -> IngestResult:
             rows = 1 + (len(members) if meta.line_format == "episode" and isinstance(members, list) else 0)
             result.rows += rows
             if result.rows > MAX_ROWS_PER_UPLOAD:
-                raise LineError(ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
-                                f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload")  # fmt: skip
+                # About the request's size, not this line: answered alone, at once.
+                raise _rejection(meta, ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
+                                 f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload", number, record_id)  # fmt: skip
             facts = check_record(record, meta.line_format, meta.now, seen)
-            if meta.keep_rows:
-                if meta.line_format == "episode":
-                    result.episodes.append(_episode_row(facts, meta))
-                else:
-                    columns = trace_columns(record, facts.starts[0], len(line), meta, None)
-                    result.traces.append(TraceRow(columns, bytes(line)))
+            if meta.keep_rows and not errors:  # once a line failed, nothing is stored: no rows
+                try:
+                    if meta.line_format == "episode":
+                        result.episodes.append(_episode_row(facts, meta))
+                    else:
+                        columns = trace_columns(record, facts.starts[0], len(line), meta, None)
+                        result.traces.append(TraceRow(columns, bytes(line)))
+                except (OverflowError, ValueError) as err:  # a value no column can hold: this line's fault
+                    raise LineError(ErrorCode.INVALID_TRACE, f"record cannot be stored: {err}") from None
             result.lines += 1
         except LineError as err:
-            raise _rejection(meta, err.code, err.message, number, record_id) from None
+            errors.append((err.code, err.message, number, record_id))
+            if len(errors) >= MAX_LISTED_ERRORS:
+                break
+    if errors:
+        raise _rejections(meta, errors)
     return result
 
 
@@ -135,6 +158,18 @@ def _rejection(meta: UploadMeta, code: ErrorCode, message: str, line: int | None
         line = record_id = None
     where = f"line {line}: " if line is not None else ""
     return HTTPError(400, code, where + message, line=line, record_id=record_id)
+
+
+def _rejections(meta: UploadMeta, errors: list[tuple[ErrorCode, str, int, str | None]]) -> HTTPError:
+    """The first failure, and every failing line in ``errors`` (none when lines are withheld)."""
+    code, message, line, record_id = errors[0]
+    rejection = _rejection(meta, code, message, line, record_id)
+    if not (meta.reject_omit_line or meta.reject_first_only):
+        rejection.errors = [
+            {"line": n, **({"id": i} if i is not None else {}), "code": str(c), "message": f"line {n}: {m}"}
+            for c, m, n, i in errors
+        ]
+    return rejection
 
 
 def _episode_row(facts: LineFacts, meta: UploadMeta) -> EpisodeRow:

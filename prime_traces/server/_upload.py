@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 _KEY_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _UTF8_SLICE_BYTES = 1 << 20
 _LINE_FORMATS = {None: "trace", "trace": "trace", "episode": "episode"}
+# The code of an injected failure: 429 and 503 are refusals; the rest carry none.
+_INJECTED_CODES = {429: ErrorCode.RATE_LIMITED, 503: ErrorCode.INGEST_CAPACITY_EXCEEDED}
 
 
 def post_traces(req: Request) -> Response:
@@ -79,7 +81,7 @@ def _upload(req: Request, length: int) -> Response:
         state.stopping.wait()
         drop_connection()
     if faults.take_failure():
-        code = ErrorCode.RATE_LIMITED if faults.fail_status == 429 else ErrorCode.INGEST_CAPACITY_EXCEEDED
+        code = _INJECTED_CODES.get(faults.fail_status)
         headers = {}
         if faults.fail_retry_after_s is not None:
             headers["Retry-After"] = _seconds(faults.fail_retry_after_s)
@@ -131,6 +133,7 @@ def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> 
         now=time.time(),
         reject_marker=state.faults.reject_marker.encode() if state.faults.reject_marker else None,
         reject_omit_line=state.faults.reject_omit_line,
+        reject_first_only=state.faults.reject_first_only,
         keep_rows=state.store_mode == "sqlite",
     )
     validate = validate_light if state.validate_mode == "light" else validate_full
