@@ -25,26 +25,7 @@ from prime_traces.server import LocalTracesService
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-PRODUCER = """
-import os, random, sys
-sys.path.insert(0, {tests!r})
-import prime_runs
-from _wire import episode, trace
-
-root, run_id, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rng = random.Random(seed)
-run = prime_runs.init("crashy", mode="offline", dir=root, id=run_id, handle_signals=False)
-blob = "".join(rng.choice("abcdefghij klmnop") for _ in range(600_000))
-print("ready", flush=True)
-i = 0
-while True:
-    ids = [f"s{{seed}}-{{i + k}}" for k in range(rng.randint(1, 4))]
-    i += len(ids)
-    # Some records are large (about 1.2 MB): a write then takes several entries and a while.
-    run.log_episodes([episode(e, [trace(e + "-t")], info={{"blob": blob * rng.randint(0, 2)}}) for e in ids])
-    if run.flush(60):
-        print(" ".join(ids), flush=True)
-"""
+PRODUCER = str(REPO / "tests" / "_crash_producer.py")
 
 
 def _sync(svc: LocalTracesService, *paths: str) -> int:
@@ -60,8 +41,8 @@ def test_kill_9_of_an_offline_producer_at_random_points_loses_no_confirmed_recor
     confirmed: list[str] = []
     rng = random.Random(20261201)
     for seed in range(10):
-        proc = subprocess.Popen([sys.executable, "-c", PRODUCER.format(tests=str(REPO / "tests")), str(root),
-                                 "crashy-run", str(seed)], stdout=subprocess.PIPE, text=True, env=_env())  # fmt: skip
+        proc = subprocess.Popen([sys.executable, PRODUCER, str(seed), "--dir", str(root)],
+                                stdout=subprocess.PIPE, text=True, env=_env())  # fmt: skip
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         # Killed at a random moment: mid-encode, mid-write, mid-fsync or between writes.
         time.sleep(rng.uniform(0.05, 0.6))

@@ -161,25 +161,7 @@ def outage(work: Path, outage_s: float) -> dict[str, Any]:
 # -- offline scenarios -------------------------------------------------------------------
 
 
-PRODUCER = """
-import os, random, sys
-sys.path.insert(0, {tests!r})
-import prime_runs
-from _wire import episode, trace
-seed = int(sys.argv[1])
-rng = random.Random(seed)
-run = prime_runs.init("crashy", mode="offline", id="crashy-run", handle_signals=False)
-blob = "".join(rng.choice("abcdefghij klmnop") for _ in range(600_000))
-print("ready", flush=True)
-i = 0
-while True:
-    ids = [f"s{{seed}}-{{i + k}}" for k in range(rng.randint(1, 4))]
-    i += len(ids)
-    big = blob * rng.randint(0, 2) if {large} else ""
-    run.log_episodes([episode(e, [trace(e + "-t")], info={{"blob": big}}) for e in ids])
-    if run.flush(60):
-        print(" ".join(ids), flush=True)
-"""
+PRODUCER = str(Path(__file__).resolve().parents[1] / "tests" / "_crash_producer.py")
 
 
 def read_disk(run_dir: Path) -> tuple[Counter[str], int, int]:
@@ -216,9 +198,10 @@ def read_disk(run_dir: Path) -> tuple[Counter[str], int, int]:
 def killed_producer(work: Path, kills: int, large: bool) -> dict[str, Any]:
     confirmed: list[str] = []
     rng = random.Random(1201)
-    code = PRODUCER.format(tests=str(Path(__file__).resolve().parents[1] / "tests"), large=large)
+    small = [] if large else ["--small"]
     for seed in range(kills):
-        proc = subprocess.Popen([sys.executable, "-c", code, str(seed)], cwd=work, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, PRODUCER, str(seed), *small], cwd=work, stdout=subprocess.PIPE,
+                                text=True)  # fmt: skip
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.05, 0.6))
         proc.send_signal(signal.SIGKILL)

@@ -156,8 +156,11 @@ def _rejection(meta: UploadMeta, code: ErrorCode, message: str, line: int | None
                record_id: str | None) -> HTTPError:
     if meta.reject_omit_line:
         line = record_id = None
-    where = f"line {line}: " if line is not None else ""
-    return HTTPError(400, code, where + message, line=line, record_id=record_id)
+    return HTTPError(400, code, _located(message, line), line=line, record_id=record_id)
+
+
+def _located(message: str, line: int | None) -> str:
+    return f"line {line}: {message}" if line is not None else message
 
 
 def _rejections(meta: UploadMeta, errors: list[tuple[ErrorCode, str, int, str | None]]) -> HTTPError:
@@ -166,7 +169,7 @@ def _rejections(meta: UploadMeta, errors: list[tuple[ErrorCode, str, int, str | 
     rejection = _rejection(meta, code, message, line, record_id)
     if not (meta.reject_omit_line or meta.reject_first_only):
         rejection.errors = [
-            {"line": n, **({"id": i} if i is not None else {}), "code": str(c), "message": f"line {n}: {m}"}
+            {"line": n, **({"id": i} if i is not None else {}), "code": str(c), "message": _located(m, n)}
             for c, m, n, i in errors
         ]
     return rejection
