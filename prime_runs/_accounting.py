@@ -5,7 +5,9 @@ The identity the tests check after ``finish()``, per sink:
 records refused at the queue (they reach no sink); ``failed`` is keyed by
 reason (``invalid_record``, ``rejected:<code>``, ``transient``,
 ``sink_retired``, ``deadline``...); ``spooled`` counts what was written to the
-run directory instead of the service, by why (``transient``, ``deadline``...).
+run directory instead of the service, by why (``transient``, ``deadline``...);
+what the run uploads from there itself once the service is back moves from
+``spooled`` to ``stored`` (and is counted in ``resynced``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ class SinkCounts:
     failed: Counter[str] = field(default_factory=Counter)
     #: Records written to the run directory for ``prime-runs sync``, by why they were not delivered.
     spooled: Counter[str] = field(default_factory=Counter)
+    #: Spooled records the run itself uploaded later (counted in ``stored``, no longer in ``spooled``).
+    resynced: int = 0
     bytes_sent: int = 0
+
+    @property
+    def spooled_total(self) -> int:
+        return sum(self.spooled.values()) - self.resynced
 
     @property
     def failed_total(self) -> int:
@@ -75,6 +83,16 @@ class Accounting:
             with self._lock:
                 self.sinks[sink].spooled[reason] += records
 
+    def count_resynced(self, sink: str, records: int, bytes_sent: int = 0) -> None:
+        """``records`` spooled earlier are stored now: moved from ``spooled`` to ``stored``."""
+        if records:
+            with self._lock:
+                counts = self.sinks[sink]
+                records = min(records, counts.spooled_total)
+                counts.resynced += records
+                counts.stored += records
+                counts.bytes_sent += bytes_sent
+
     @property
     def dropped_total(self) -> int:
         with self._lock:
@@ -96,8 +114,9 @@ class Accounting:
                     name: {
                         "stored": c.stored,
                         "failed": dict(c.failed),
-                        "spooled": sum(c.spooled.values()),
+                        "spooled": c.spooled_total,
                         "spooled_reasons": dict(c.spooled),
+                        "resynced": c.resynced,
                         "bytes_sent": c.bytes_sent,
                     }
                     for name, c in self.sinks.items()
@@ -110,5 +129,4 @@ class Accounting:
         """``submitted - (stored + dropped + failed + spooled)`` for ``sink``: 0 when all is known."""
         with self._lock:
             c = self.sinks[sink]
-            spooled = sum(c.spooled.values())
-            return self.submitted - (c.stored + sum(self.dropped.values()) + c.failed_total + spooled)
+            return self.submitted - (c.stored + sum(self.dropped.values()) + c.failed_total + c.spooled_total)

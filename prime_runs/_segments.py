@@ -149,6 +149,8 @@ class SegmentWriter:
         self._next_seq = 1
         self._close_requested = False
         self._opened = 0  # files opened so far: tells whether an append moved to a new file
+        #: Every file this writer created (in this process), in order.
+        self.created: list[str] = []
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
 
     @property
@@ -231,6 +233,7 @@ class SegmentWriter:
             raise
         self._fd, self._path, self._size = fd, path, 0
         self._opened += 1
+        self.created.append(path)
 
     def _close_file(self) -> None:
         if self._fd is not None:

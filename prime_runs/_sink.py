@@ -33,6 +33,7 @@ class SinkStatus(str, enum.Enum):
 
     OK = "ok"  # stored, or lost only to the records' own faults
     TRANSIENT = "transient"  # the service failed (after retries): a strike
+    PERMANENT = "permanent"  # refused in a way no later request gets past (401/402/403/404): retire now
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,10 @@ class RecordFiles:
                             logger.warning("could not prepare %s", self.directory, exc_info=True)
         return self._writers[kind]
 
+    def own_files(self) -> list[str]:
+        """The record files (not the rejected ones) this process wrote here."""
+        return [path for kind in DATA_KINDS for path in self._writers[kind].created]
+
     def set_aside(self, records: Sequence[Any], line_format: str, rejections: Sequence[Rejection]) -> None:
         """Keep refused records, each wrapped with why, in ``rejected-*.jsonl.zst``; never raises."""
         if not rejections:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,11 +63,14 @@ class SyncReport:
 
 
 def sync_run(rundir: RunDirectory, client: TracesClient, *, on_start: Any = None,
-             on_progress: OnProgress | None = None) -> SyncReport:  # fmt: skip
-    """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent."""
+             on_progress: OnProgress | None = None, only: Collection[str] | None = None) -> SyncReport:  # fmt: skip
+    """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent.
+
+    ``only``: upload just the record files of these names (a live run resyncing what it spooled itself).
+    """
     rundir.lock_for_sync()
     try:
-        return _RunSync(rundir, client).run(on_start, on_progress)
+        return _RunSync(rundir, client).run(on_start, on_progress, only)
     finally:
         rundir.unlock_sync()
 
@@ -106,13 +110,15 @@ class _RunSync:
         self.state["last_service"] = self.url
         self.rundir.write_sync(self.state)
 
-    def run(self, on_start: Any, on_progress: OnProgress | None) -> SyncReport:
+    def run(self, on_start: Any, on_progress: OnProgress | None, only: Collection[str] | None) -> SyncReport:
         self.report.torn = self.rundir.recover()
         kind = run_kind(self.rundir, self.document)
         context = {"source": "prime-runs", "run_type": kind}
         rejected = SegmentWriter(self.rundir.path, REJECTED)
         files = []
         for path in self.rundir.data_segments():
+            if only is not None and os.path.basename(path) not in only:
+                continue
             name = os.path.basename(path)
             progress = self.progress.setdefault(name, FileProgress())
             files.append(FileSync(self.client, path, scan(path), progress, context=context, save=self.save,

@@ -23,28 +23,36 @@ records of a refused or failed upload:
   bad one, doubling as requests commit. Records with no bad one among them
   go through in a few requests; when every record is bad, each costs one
   small request, and the bytes sent stay within about twice the write's.
-- The service names no line (or answers 500, which is about something in
-  the request): the batch is bisected. Each half is uploaded in
+- The service names no line: the batch is bisected. Each half is uploaded in
   its own ``upload_lines`` call, recursively, until the bad records are
   isolated. A single record refused is that record's rejection. This takes
   about ``2 * log2(n)`` extra requests per bad record, and at most ``2n - 1``
   for a batch of ``n``. Size refusals (``upload_too_large``,
   ``too_many_traces_in_upload``) are bisected even when a line is named,
-  since the line is not at fault there.
+  since the line is not at fault there. A 500 is about something in the
+  request too: the batch is first sent once more as it was (a replay, if it
+  was stored before the error), then bisected.
 - The refusal is about the sink, not the records (401, 402, 403, 404, 409 or
   any other 4xx but 400/413/422, or a 400 about the request itself such as
   ``invalid_metadata``): every later request would be refused the same way.
   The write's records not yet accounted for are left undelivered as
-  ``refused:<code>``, and the write returns ``TRANSIENT``, so three such
-  writes in a row retire the sink. Going on would spend a request per record
-  and store nothing.
-- A batch that failed after the client's retries (429/5xx, transport
-  errors) is left undelivered as ``transient``, as one batch (it may have
-  been stored: a sync sends the same bytes, which the service replays), and
-  the write returns ``TRANSIENT`` (a strike). Records held back only by that
-  failure are still uploaded. After ``max_transient_failures`` uploads in a
-  row fail that way, the rest of the write is left undelivered without being
-  sent, so an outage costs a bounded number of retry cycles per write.
+  ``refused:<code>``. For 401, 402, 403 and 404 the write returns
+  ``PERMANENT`` (the worker retires the sink at once, and spools the rest of
+  the run); otherwise ``TRANSIENT``, a strike. Going on would spend a request
+  per record and store nothing.
+- Refusals (429, 503 with a refusal code) never end an upload while the run
+  is live: the client waits them out, spending no attempt, until ``cancel``.
+- A batch that failed after the client's retries (5xx without a refusal
+  code, transport errors) is left undelivered as ``transient``, as one batch
+  (it may have been stored: a resync sends the same bytes, which the service
+  replays). With a spool, the sink then enters an outage
+  (:class:`~prime_runs._outage.Outage`): the rest of the write, and every
+  write until a probe sees the service back, is left undelivered as
+  ``outage`` without being sent, so the worker spools it at disk speed; once
+  the service answers, what was spooled is uploaded in the background. No
+  strike. Without a spool the write returns ``TRANSIENT``, and after
+  ``max_transient_failures`` such uploads in a row the rest of the write is
+  left undelivered without being sent.
 - Once ``cancel`` is set (the worker's deadline), nothing new is sent.
   Batches in flight are left undelivered as ``deadline`` batches; records
   never sent are left open.
@@ -64,6 +72,7 @@ from typing import Any
 
 from prime_runs._encoding import EncodedWrite, RunStamp
 from prime_runs._queue import SizeMeter
+from prime_runs._outage import Outage
 from prime_runs._outcomes import (
     SINK,
     SIZE_CODES,
@@ -90,6 +99,10 @@ WARNING_INTERVAL_S = 60.0
 #: Sent, but the deadline came before the answer (or before the retries ended).
 DEADLINE = "deadline"
 SINK_ERROR = "sink_error"
+#: Not sent: the service was down (kept on disk, uploaded when it is back).
+OUTAGE = "outage"
+#: Refusals that no later request can get past: the sink retires at once.
+PERMANENT_STATUSES = frozenset({401, 402, 403, 404})
 
 
 
@@ -148,9 +161,13 @@ class TracesSink:
         self.max_transient_failures = max_transient_failures
         #: Where the worker keeps what this sink could not deliver (and what the service refused).
         self.spool = spool
+        #: With a spool, an outage sends writes to disk until the service is back (then uploads them).
+        self.outage = Outage(client, spool, lambda _records, _bytes: None) if spool is not None else None
         self.owns_client = owns_client
         self._warned_at: float | None = None
         self._suppressed = 0
+        #: Why the service refused this sink for good (set with a ``PERMANENT`` write).
+        self.permanent_refusal: str | None = None
 
     def __repr__(self) -> str:
         return f"TracesSink(client={self.client!r}, stamp={self.stamp!r})"
@@ -161,7 +178,16 @@ class TracesSink:
         """Upload ``records``, reporting each into ``ledger``; ``TRANSIENT`` is a strike."""
         return _SinkWrite(self, records, line_format, ledger, cancel).run()
 
+    def stats(self) -> dict[str, Any]:
+        """The client's in-flight window and refusals, and whether the service is down."""
+        stats = self.client.upload_stats()
+        if self.outage is not None:
+            stats.update(self.outage.snapshot())
+        return stats
+
     def close(self) -> None:
+        if self.outage is not None:
+            self.outage.close()
         if self.owns_client:
             self.client.close()
         if self.spool is not None:
@@ -221,6 +247,9 @@ class _SinkWrite:
 
     def run(self) -> SinkStatus:
         while self.groups and not self.cancel.is_set():
+            if self.sink.outage is not None and self.sink.outage.down:
+                self._wait_out_outage()
+                break
             if self.transient_in_row >= self.sink.max_transient_failures:
                 self._undeliver([i for g in self.groups for i in g], TRANSIENT)
                 self.groups.clear()
@@ -249,6 +278,11 @@ class _SinkWrite:
         self.failures[reason] += len(indexes)
         if detail:
             self.sample = self.sample or detail
+
+    def _wait_out_outage(self) -> None:
+        # Not sent, not a failure: the worker spools them; they go up when the service is back.
+        self.ledger.undelivered([i for g in self.groups for i in g], OUTAGE)
+        self.groups.clear()
 
     def _strike(self, reason: str) -> None:
         self.status = SinkStatus.TRANSIENT
@@ -369,6 +403,16 @@ class _SinkWrite:
                             describe(sink_refusal))  # fmt: skip
             self.groups.clear()
             self._strike(reason)
+            if getattr(sink_refusal.error, "status_code", None) in PERMANENT_STATUSES:
+                self.status = SinkStatus.PERMANENT
+                self.sink.permanent_refusal = f"{reason}: {describe(sink_refusal)}"
+            return
+        if transient and self.sink.outage is not None:
+            # The service failed for good: the rest of the write waits on disk, not in a retry cycle
+            # per batch, and so does every write until the probe sees the service back. No strike.
+            self.sink.outage.enter(self.sample or "uploads failed after their retries")
+            self.groups.extendleft([[group[p] for p in sorted(resend + [p for s in splits for p in s])]])
+            self._wait_out_outage()
             return
         if transient:
             self._strike(TRANSIENT)

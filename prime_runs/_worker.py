@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -56,8 +57,9 @@ class UploadWorker:
     bookkeeping only, and drops (and counts, with the reason) a write that
     does not fit the queue, which is bounded by records and by estimated
     bytes. The worker takes up to ``write_cap_bytes`` at a time and hands each
-    write to every sink that is not retired; three transient failures in a
-    row retire a sink. What a sink leaves undelivered (the service failed,
+    write to every sink that is not retired. A sink retires when it reports
+    a ``PERMANENT`` refusal, or, without a spool, after three transient
+    failures in a row. What a sink leaves undelivered (the service failed,
     the sink retired) goes to the sink's ``spool``, if it has one, on this
     thread; what it refuses for the records' own fault is set aside there.
     ``flush`` and ``close`` wait up to their timeout; ``close`` then cancels
@@ -120,6 +122,10 @@ class UploadWorker:
         # Set once close() gives up waiting: spooling must end by then.
         self._spill_deadline: float | None = None
         self._spool_noted: set[str] = set()
+        for sink in self.sinks:
+            outage = getattr(sink, "outage", None)
+            if outage is not None:  # what it uploads from its spool once the service is back counts as stored
+                outage.on_resynced = functools.partial(self.accounting.count_resynced, sink.name)
 
     # -- the caller's side ---------------------------------------------------
 
@@ -180,6 +186,11 @@ class UploadWorker:
         # From here on a write is refused (and counted): what this waits for cannot grow.
         self._queue.refuse()
         flushed = self._queue.wait_done(self._queue.last_seq(), deadline)
+        if flushed:
+            for sink in self.sinks:  # a sink still uploading what it kept during an outage gets the time left
+                outage = getattr(sink, "outage", None)
+                if outage is not None:
+                    outage.wait_for_resync(deadline)
         spools = any(self._spool_of(sink) is not None for sink in self.sinks)
         spill_deadline = time.monotonic() + (self.spill_timeout_s if spools else 0.0)
         if not flushed:
@@ -247,6 +258,9 @@ class UploadWorker:
             in_flight_records=inflight,
             retired_sinks=sorted(self.retired),
         )
+        for sink in self.sinks:
+            if callable(getattr(sink, "stats", None)):
+                snap["sinks"][sink.name].update(sink.stats())
         return snap
 
     @property
@@ -421,7 +435,15 @@ class UploadWorker:
         ledger.close(lost, keep_reasons=False)
 
     def _after_write(self, sink: Sink, ledger: Ledger, status: SinkStatus) -> None:
-        if status is SinkStatus.TRANSIENT:
+        if status is SinkStatus.PERMANENT and sink.name not in self.retired:
+            self.retired.add(sink.name)
+            kept = "kept on disk for `prime-runs sync`" if self._spool_of(sink) else "counted as failed"
+            why = getattr(sink, "permanent_refusal", None) or ", ".join(sorted(ledger.failures)) or "refused"
+            logger.error("sink %s was refused in a way no later request can get past (%s): it is retired for the "
+                         "rest of the run, and its records are %s (%s)", sink.name, why, kept, SINK_RETIRED)  # fmt: skip
+        elif status is SinkStatus.TRANSIENT and self._spool_of(sink) is None:
+            # With a spool nothing is lost by going on (an outage waits on disk): only a sink
+            # without one is retired after failing writes in a row, to stop spending requests.
             self._strikes[sink.name] += 1
             if self._strikes[sink.name] >= STRIKES_TO_RETIRE and sink.name not in self.retired:
                 self.retired.add(sink.name)

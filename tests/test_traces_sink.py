@@ -231,7 +231,7 @@ def test_a_refused_key_leaves_the_write_undelivered_without_retrying_record_by_r
         sink = sink_for(client, target_batch_bytes=SMALL_BATCH_BYTES)
         status = sink.write(records, "episode", ledger, threading.Event())
         stats = svc.stats()
-    assert status is SinkStatus.TRANSIENT  # three such writes retire the sink
+    assert status is SinkStatus.PERMANENT  # a 401: the sink retires at once, its records kept
     # Kept for a sync with the right key: no record is to blame.
     assert undelivered(ledger) == {("refused:unauthenticated", False): 20}
     assert sink_counts(accounting)["failed"] == {}

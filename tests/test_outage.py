@@ -1,0 +1,125 @@
+"""Throttling and outages during a run, against a real local service: nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from prime_runs import cli
+from prime_traces.server import LocalTracesService
+
+from _run_helpers import (  # noqa: F401  (fixtures are used by name)
+    KEY,
+    episodes,
+    get_run,
+    identity_holds,
+    isolated,
+    online,
+    sink_counts,
+    stored_episodes,
+)
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def restartable(tmp_path) -> Iterator[LocalTracesService]:
+    """A service on a fixed port, so it can be stopped (an outage) and started again at the same URL."""
+    service = LocalTracesService(tmp_path / "traces.db", port=_free_port())
+    service.start()
+    yield service
+    service.stop()
+
+
+def _log_steps(run, prefix: str, steps: int, pace_s: float = 0.0) -> list[str]:
+    """One write of 5 episodes per step, ``pace_s`` apart (the training loop's own pace)."""
+    pace = threading.Event()
+    ids = []
+    for step in range(steps):
+        batch = episodes(f"{prefix}{step}-", 5)
+        ids += [e["id"] for e in batch]
+        assert run.log_episodes(batch)
+        pace.wait(pace_s)
+    return ids
+
+
+def test_twelve_seconds_of_429s_lose_nothing_and_retire_nothing(isolated, restartable):
+    service = restartable
+    service.faults.fail_status = 429
+    service.faults.fail_retry_after_s = 1.0
+    service.faults.fail_count = 12  # one refused upload a second or so: about 12 s of 429s
+    run = online(service, dir=isolated / "runs")
+    logged = _log_steps(run, "r", 40, pace_s=0.75)  # a 30 s run
+    run.finish(timeout_s=120)
+    counts = sink_counts(run)
+    assert stored_episodes(service) == {i: 1 for i in logged}
+    assert counts["stored"] == len(logged) and counts["spooled"] == 0 and counts["failed"] == {}
+    assert run.stats()["dropped"] == {} and run.stats()["retired_sinks"] == []
+    assert counts["refusals"] >= 12
+    assert get_run(service, run.id)["status"] == "completed"
+    assert identity_holds(run)
+
+
+def test_an_outage_that_ends_before_finish_is_resynced_during_the_run(isolated, restartable):
+    service = restartable
+    run = online(service, dir=isolated / "runs")
+    logged = _log_steps(run, "before", 5)
+    assert run.flush(60)
+    service.stop()  # down for 40 s while the run goes on
+    logged += _log_steps(run, "during", 20, pace_s=2.0)
+    service.start()
+    logged += _log_steps(run, "after", 10, pace_s=0.5)
+    run.finish(timeout_s=120)
+    counts = sink_counts(run)
+    assert stored_episodes(service) == {i: 1 for i in logged}  # each once
+    assert counts["stored"] == len(logged) and counts["spooled"] == 0 and counts["failed"] == {}
+    assert counts["resynced"] > 0 and counts["outages"] >= 1  # kept on disk, then sent by the run itself
+    assert run.stats()["dropped"] == {} and run.stats()["retired_sinks"] == []
+    assert get_run(service, run.id)["status"] == "completed"
+    assert identity_holds(run)
+
+
+def test_an_outage_past_finish_is_kept_and_a_later_sync_stores_it_once(isolated, restartable):
+    service = restartable
+    run = online(service, dir=isolated / "runs")
+    logged = _log_steps(run, "before", 5)
+    assert run.flush(60)
+    service.stop()
+    logged += _log_steps(run, "during", 10)
+    run.finish(timeout_s=20)
+    counts = sink_counts(run)
+    assert counts["spooled"] > 0 and counts["stored"] + counts["spooled"] == len(logged)
+    assert run.stats()["dropped"] == {} and counts["failed"] == {}
+    assert identity_holds(run)
+    service.start()
+    assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, run.dir]) == 0
+    assert stored_episodes(service) == {i: 1 for i in logged}
+
+
+def test_a_refused_key_retires_the_sink_at_once_and_keeps_the_rest_of_the_run(isolated, restartable, caplog):
+    service = restartable
+    run = online(service, dir=isolated / "runs")
+    first = episodes("first-", 5)
+    service.state.api_key = "another-key"  # from now on this run's key is refused: 401
+    assert run.log_episodes(first) and run.flush(60)
+    assert run.stats()["retired_sinks"] == ["traces"]
+    later = _log_steps(run, "later", 2)
+    run.finish(timeout_s=30)
+    counts = sink_counts(run)
+    assert counts["spooled_reasons"] == {"refused:unauthenticated": 5, "sink_retired": 10}
+    assert counts["failed"] == {} and counts["stored"] == 0
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "retired" in r.getMessage()]
+    assert len(errors) == 1 and "refused:unauthenticated" in errors[0].getMessage()
+    assert identity_holds(run)
+    service.state.api_key = None
+    assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, run.dir]) == 0
+    assert stored_episodes(service) == {e["id"]: 1 for e in first} | {i: 1 for i in later}
