@@ -50,10 +50,11 @@ class Outage:
     (what it did not send stays for ``prime-runs sync``); it never waits.
     """
 
-    def __init__(self, client: TracesClient, spool: Spool, on_resynced: OnResynced, *,
+    def __init__(self, client: TracesClient, spool: Spool, on_resynced: OnResynced | None = None, *,
                  max_probe_interval_s: float = MAX_PROBE_INTERVAL_S, first_probe_s: float = FIRST_PROBE_S) -> None:  # fmt: skip
         self.client = client
         self.spool = spool
+        #: Told ``(records, bytes)`` as the resync stores them (the worker counts them stored).
         self.on_resynced = on_resynced
         self.max_probe_interval_s = max_probe_interval_s
         self.first_probe_s = first_probe_s

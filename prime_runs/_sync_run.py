@@ -66,7 +66,9 @@ def sync_run(rundir: RunDirectory, client: TracesClient, *, on_start: Any = None
              on_progress: OnProgress | None = None, only: Collection[str] | None = None) -> SyncReport:  # fmt: skip
     """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent.
 
-    ``only``: upload just the record files of these names (a live run resyncing what it spooled itself).
+    ``only``: upload just the record files of these names, and leave the run's
+    lifecycle alone (a live run resyncing what it spooled itself: its own
+    updates are newer than its ``run.json``).
     """
     rundir.lock_for_sync()
     try:
@@ -127,7 +129,7 @@ class _RunSync:
         if on_start is not None:
             on_start(records, size)
         try:
-            if self.document is not None and not self.mine.get("run_created"):
+            if self.document is not None and only is None and not self.mine.get("run_created"):
                 self._create_run(kind)
             for sync in files:
                 try:
@@ -147,7 +149,7 @@ class _RunSync:
                 self.report.left += left
                 self.report.left_bytes += left_bytes
                 self.report.unreadable += sync.p.unreadable_lines()
-        if self.document is not None and self.report.uploaded_all:
+        if self.document is not None and only is None and self.report.uploaded_all:
             self._finish_run()
         self.report.rejected_total = sum(scan(p, verify_last=False).lines for p in self.rundir.rejected_segments())
         self.mine["last_sync"] = {"at": time.time(), "complete": self.report.complete,

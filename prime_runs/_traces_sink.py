@@ -162,7 +162,7 @@ class TracesSink:
         #: Where the worker keeps what this sink could not deliver (and what the service refused).
         self.spool = spool
         #: With a spool, an outage sends writes to disk until the service is back (then uploads them).
-        self.outage = Outage(client, spool, lambda _records, _bytes: None) if spool is not None else None
+        self.outage = Outage(client, spool) if spool is not None else None
         self.owns_client = owns_client
         self._warned_at: float | None = None
         self._suppressed = 0

@@ -434,3 +434,18 @@ def test_a_batch_stored_while_its_answers_failed_is_sent_again_as_the_same_uploa
     code, _out, err = sync(capsys, service, run.dir)
     assert code == 0, err
     assert stored_episodes(service) == {r["id"]: 1 for r in records}
+
+
+def test_a_sync_of_only_some_files_uploads_their_records_and_leaves_the_run_alone(isolated, service):
+    from prime_runs._sync_run import sync_run
+
+    run = offline(isolated / "runs")
+    records = episodes("e", 12)
+    run.log_episodes(records)
+    run.finish()
+    names = {os.path.basename(p) for p in segment_files(run.dir, ["episode"])}
+    with TracesClient(KEY, service.url) as client:
+        report = sync_run(RunDirectory(run.dir), client, only=names)
+    assert report.uploaded == 12 and stored_episodes(service) == {r["id"]: 1 for r in records}
+    # No POST or PATCH of the run: a live run's own updates are newer than its run.json.
+    assert get_run(service, run.id)["status"] is None
