@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
+
+#: ``(kind, sink, reason, records, detail)``: kind is ``dropped``, ``failed`` or ``spooled``; sink is None for drops.
+LossListener = Callable[[str, Optional[str], str, int, Optional[str]], Any]
 
 # Submit latencies are kept in a fixed ring: p99 over the most recent calls,
 # constant memory however long the run.
@@ -30,6 +34,8 @@ class SinkCounts:
     failed: Counter[str] = field(default_factory=Counter)
     #: Records written to the run directory for ``prime-runs sync``, by why they were not delivered.
     spooled: Counter[str] = field(default_factory=Counter)
+    #: The first record lost for each reason, named with its call, position and cause.
+    details: dict[str, str] = field(default_factory=dict)
     #: Spooled records the run itself uploaded later (counted in ``stored``, no longer in ``spooled``).
     resynced: int = 0
     bytes_sent: int = 0
@@ -44,12 +50,18 @@ class SinkCounts:
 
 
 class Accounting:
-    """Thread-safe counters of one worker. Updating never blocks for long."""
+    """Thread-safe counters of one worker. Updating never blocks for long.
+
+    ``on_loss``, when set, hears of every record dropped, failed or spooled,
+    outside the lock; it must return at once (it may run on the caller's thread).
+    """
 
     def __init__(self, sink_names: list[str]) -> None:
         self._lock = threading.Lock()
         self.submitted = 0
         self.dropped: Counter[str] = Counter()
+        self.drop_details: dict[str, str] = {}
+        self.on_loss: LossListener | None = None
         self.sinks = {name: SinkCounts() for name in sink_names}
         self._latencies = [0.0] * _LATENCY_RING
         self._latency_count = 0
@@ -63,9 +75,17 @@ class Accounting:
             if latency_s > self._latency_max:
                 self._latency_max = latency_s
 
-    def count_drop(self, records: int, reason: str) -> None:
+    def _heard(self, kind: str, sink: str | None, reason: str, records: int, detail: str | None) -> None:
+        listener = self.on_loss
+        if listener is not None:
+            listener(kind, sink, reason, records, detail)
+
+    def count_drop(self, records: int, reason: str, detail: str | None = None) -> None:
         with self._lock:
             self.dropped[reason] += records
+            if detail:
+                self.drop_details.setdefault(reason, detail)
+        self._heard("dropped", None, reason, records, detail)
 
     def count_stored(self, sink: str, records: int, bytes_sent: int = 0) -> None:
         with self._lock:
@@ -73,15 +93,20 @@ class Accounting:
             counts.stored += records
             counts.bytes_sent += bytes_sent
 
-    def count_failed(self, sink: str, records: int, reason: str) -> None:
+    def count_failed(self, sink: str, records: int, reason: str, detail: str | None = None) -> None:
         if records:
             with self._lock:
-                self.sinks[sink].failed[reason] += records
+                counts = self.sinks[sink]
+                counts.failed[reason] += records
+                if detail:
+                    counts.details.setdefault(reason, detail)
+            self._heard("failed", sink, reason, records, detail)
 
     def count_spooled(self, sink: str, records: int, reason: str) -> None:
         if records:
             with self._lock:
                 self.sinks[sink].spooled[reason] += records
+            self._heard("spooled", sink, reason, records, None)
 
     def count_resynced(self, sink: str, records: int, bytes_sent: int = 0) -> None:
         """``records`` spooled earlier are stored now: moved from ``spooled`` to ``stored``."""
@@ -110,10 +135,12 @@ class Accounting:
             return {
                 "submitted": self.submitted,
                 "dropped": dict(self.dropped),
+                "drop_details": dict(self.drop_details),
                 "sinks": {
                     name: {
                         "stored": c.stored,
                         "failed": dict(c.failed),
+                        "failure_details": dict(c.details),
                         "spooled": c.spooled_total,
                         "spooled_reasons": dict(c.spooled),
                         "resynced": c.resynced,

@@ -66,20 +66,31 @@ class RunStamp:
         return stamped
 
 
+class UserCodeError(ValueError):
+    """A record's own method raised: the message names the method and what it raised."""
+
+
+def _call_user(method: Any, name: str) -> Any:
+    try:
+        return method()
+    except BaseException as err:  # noqa: BLE001  (the record fails alone, whatever it raises)
+        raise UserCodeError(f"{name} raised {type(err).__name__}: {err}") from err
+
+
 def as_mapping(record: Any, index: int) -> Mapping[str, Any]:
     """The record as a mapping: itself, its ``to_record()``, or its parsed ``to_json()``."""
     if isinstance(record, Mapping):
         return record
     to_record = getattr(record, "to_record", None)
     if callable(to_record):
-        value = to_record()
+        value = _call_user(to_record, "to_record()")
         if not isinstance(value, Mapping):
             raise TypeError(f"record {index}: to_record() returned {type(value).__name__}, not a mapping")
         return value
     to_json = getattr(record, "to_json", None)
     if callable(to_json):
         # Stamping needs the document: parse it (off the caller's thread).
-        value = orjson.loads(to_json())
+        value = orjson.loads(_call_user(to_json, "to_json()"))
         if not isinstance(value, dict):
             raise TypeError(f"record {index}: to_json() is a JSON {type(value).__name__}, not an object")
         return value
@@ -123,34 +134,54 @@ class EncodedWrite:
     def __iter__(self) -> Iterator[bytes | LineParts]:
         for position, record in enumerate(self.records):
             index = position if self.indexes is None else self.indexes[position]
+            record_id: str | None = None
             try:
                 mapping = as_mapping(record, index)
+                record_id = id_of(mapping)
                 if self.stamp is not None:
                     mapping = self.stamp.apply(mapping, self.line_format)
                 if self.check is not None:
                     self.check(mapping)
                 line = encode_record_parts(mapping, index)
             except LineError as err:
-                self._invalid(position, f"rejected:{err.code}", f"record {index}: {err.message}")
+                self._invalid(position, f"rejected:{err.code}", err.message, record_id)
                 continue
-            except Exception as err:  # noqa: BLE001  (a user's to_record() may raise anything)
-                message = str(err) if isinstance(err, (TypeError, ValueError)) else (
-                    f"record {index}: {type(err).__name__}: {err}"
-                )
-                self._invalid(position, INVALID_RECORD, message)
+            except BaseException as err:  # noqa: BLE001  (a user's to_record() may raise anything: it fails alone)
+                self._invalid(position, INVALID_RECORD, _cause(err, index), record_id or id_of(record))
                 continue
             size = line_size(line)
             if size > MAX_LINE_BYTES:
                 self._invalid(position, RECORD_TOO_LARGE,
-                              f"record {index} is {size} bytes encoded, over {MAX_LINE_BYTES}")  # fmt: skip
+                              f"{size} bytes encoded, over the limit of {MAX_LINE_BYTES} for one record",
+                              record_id)  # fmt: skip
                 continue
             if self.meter is not None:
                 self.meter.observe(size + 1)
             self.line_records.append(position)
             yield line
 
-    def _invalid(self, position: int, reason: str, message: str) -> None:
+    def _invalid(self, position: int, reason: str, message: str, record_id: str | None) -> None:
         index = position if self.indexes is None else self.indexes[position]
+        self.ledger.rejected(index, reason, message, record_id)
         self.errors.append((position, message))
-        self.ledger.rejected(index, reason, message)
         logger.debug("record %d not logged: %s", index, message)
+
+
+def id_of(record: Any) -> str | None:
+    """The record's ``id`` when it has a string one; never raises (it may be any object)."""
+    try:
+        value = record.get("id") if isinstance(record, Mapping) else getattr(record, "id", None)
+    except Exception:  # noqa: BLE001
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _cause(err: BaseException, index: int) -> str:
+    """Why a record could not be encoded, without the ``record N:`` the encoder starts with."""
+    if isinstance(err, (TypeError, ValueError)) and not isinstance(err, orjson.JSONDecodeError):
+        text = str(err)
+        prefix = f"record {index}: "
+        return text[len(prefix):] if text.startswith(prefix) else text
+    if isinstance(err, orjson.JSONDecodeError):
+        return f"to_json() is not valid JSON: {err}"
+    return f"{type(err).__name__} while reading the record: {err}"

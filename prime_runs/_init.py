@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from prime_runs._console import CONSOLE_CHOICES, Console, console_on
 from prime_runs._disk_sink import DiskSink
 from prime_runs._encoding import RunStamp
 from prime_runs._lifecycle import (
@@ -26,6 +27,7 @@ from prime_runs._queue import (
 )
 from prime_runs._rundir import RunDirectory, check_run_id, runs_root
 from prime_runs._spool import RecordFiles, Spool
+from prime_runs._summary import destination_line
 from prime_runs._worker import DEFAULT_SPILL_TIMEOUT_S, UploadWorker
 from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run
@@ -64,6 +66,7 @@ def init(
     spill_timeout_s: float = DEFAULT_SPILL_TIMEOUT_S,
     save_local: bool = False,
     handle_signals: bool = True,
+    console: str | None = None,
 ) -> Run:
     """Start a run and return its :class:`Run`.
 
@@ -82,6 +85,13 @@ def init(
     did not take by ``finish()``'s deadline (spooled within
     ``spill_timeout_s`` more), records it refused, and, with
     ``save_local=True``, a copy of every record logged (under ``local/``).
+
+    ``console`` (``"auto"``, ``"on"`` or ``"off"``; default
+    ``PRIME_RUNS_CONSOLE``, else ``"auto"``) says whether the run tells its
+    user on stderr where it goes, each kind of record it loses (the first at
+    once, with the record's id, call, position and cause) and how it ended.
+    ``auto`` is on for the process that owns the run and off for other ranks.
+    The lines go through the ``prime_runs.console`` logger.
 
     Raises:
         ValueError: an argument is out of range.
@@ -105,6 +115,8 @@ def init(
         raise ValueError(f"max_in_flight must be between 1 and {MAX_IN_FLIGHT_LIMIT}, not {max_in_flight}")
     if compression not in COMPRESSION_CHOICES:
         raise ValueError(f"compression must be one of {', '.join(COMPRESSION_CHOICES)}, not {compression!r}")
+    if console is not None and console not in CONSOLE_CHOICES:
+        raise ValueError(f"console must be one of {', '.join(CONSOLE_CHOICES)}, not {console!r}")
     settings = resolve_config(api_key, base_url, team_id)
     configured = bool(settings.api_key) or settings.base_url != DEFAULT_BASE_URL
     chosen = resolve_mode(mode, online_configured=configured)
@@ -113,8 +125,10 @@ def init(
         finish_timeout_s=finish_timeout_s, handle_signals=handle_signals,
     )  # fmt: skip
     if chosen == "disabled":
+        console_on(console, mode=chosen, owner=False)  # a bad PRIME_RUNS_CONSOLE is an error in every mode
         return Run(run_id=id or "disabled", url=None, worker=None, lifecycle=None, owner=False, **common)
     ranks = rank_info(id)
+    common["console"] = Console(enabled=console_on(console, mode=chosen, owner=ranks.owner))
     if ranks.run_id is not None:
         check_run_id(ranks.run_id, "id=" if id else "PRIME_RUN_ID")
     meter = SizeMeter()
@@ -125,8 +139,16 @@ def init(
     )  # fmt: skip
     root = runs_root(dir)
     if chosen == "offline":
-        return _offline(root, ranks, meter, worker_options, common)
-    return _online(settings, root, ranks, meter, worker_options, common, max_in_flight, compression, save_local)
+        run = _offline(root, ranks, meter, worker_options, common)
+    else:
+        run = _online(settings, root, ranks, meter, worker_options, common, max_in_flight, compression, save_local)
+    run.console.directory = run.dir
+    if run._worker is not None:
+        run._worker.accounting.on_loss = run.console.heard
+    run.console.say("%s", destination_line(name=run.name, run_id=run.id, mode=run.mode, owner=ranks.owner,
+                                           service_url=run._service_url, url=run.url, directory=run.dir,
+                                           save_local=save_local))  # fmt: skip
+    return run
 
 
 def _open_directory(root: str, run_id: str) -> RunDirectory:

@@ -69,8 +69,7 @@ def listed_rejections(outcome: BatchOutcome) -> list[tuple[int, str, str]]:
     listed = []
     for line, entry in sorted(outcome.rejected_lines.items()):
         reason = f"rejected:{entry.code}" if entry.code else rejection_reason(outcome)
-        where = f" (record {entry.record_id!r})" if entry.record_id else ""
-        listed.append((line, reason, f"HTTP 400 {entry.code or ''}: {entry.message}{where}"))
+        listed.append((line, reason, f"HTTP 400 {entry.code or ''}: {entry.message}"))
     return listed
 
 

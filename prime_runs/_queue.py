@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prime_runs._interrupt import wait_slice
+
 DEFAULT_MAX_QUEUED_RECORDS = 10_000
 DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
 
@@ -50,6 +52,8 @@ class Write:
     line_format: str | None
     est_bytes: float
     count: int
+    #: Which call of its method (per line format, from 1) this write was, for messages.
+    call: int = 0
 
 
 @dataclass
@@ -80,13 +84,20 @@ class RecordQueue:
         self._taken_seq = 0
         self._done_seq = 0
         self._closed = False
+        self._interrupted = False
         self.burst = DropBurst()
+        self._calls: collections.Counter[str | None] = collections.Counter()
 
-    def put(self, records: Sequence[Any], line_format: str | None) -> tuple[bool, str | None]:
-        """Queue a write; ``(False, reason)`` when it does not fit (never waits)."""
+    def put(self, records: Sequence[Any], line_format: str | None) -> tuple[bool, str | None, int]:
+        """Queue a write; ``(False, reason, call)`` when it does not fit (never waits).
+
+        ``call`` numbers the calls of each line format from 1, accepted or not.
+        """
         count = len(records)
         est = count * self.meter.mean_bytes
         with self._cond:
+            self._calls[line_format] += 1
+            call = self._calls[line_format]
             if self._closed:
                 reason = "closed"
             elif self._writes and self.queued_records + count > self.max_records:
@@ -94,16 +105,16 @@ class RecordQueue:
             elif self._writes and est and self.queued_bytes + est > self.max_bytes:
                 reason = "queue_full_bytes"
             else:
-                self._writes.append(Write(self._next_seq, records, line_format, est, count))
+                self._writes.append(Write(self._next_seq, records, line_format, est, count, call))
                 self._next_seq += 1
                 self.queued_records += count
                 self.queued_bytes += est
                 self._cond.notify()
-                return True, None
+                return True, None, call
             self.burst.writes += 1
             self.burst.records += count
             self.burst.reasons[reason] += count
-            return False, reason
+            return False, reason, call
 
     def take(
         self, max_bytes: float, timeout_s: float | None, on_take: Callable[[list[Write]], None] | None = None
@@ -148,15 +159,23 @@ class RecordQueue:
         with self._cond:
             return self._taken_seq
 
-    def wait_done(self, seq: int, deadline: float | None) -> bool:
-        """Wait until every write up to ``seq`` is done, or ``deadline`` (monotonic)."""
+    def wait_done(self, seq: int, deadline: float | None, *, interruptible: bool = True) -> bool:
+        """Wait until every write up to ``seq`` is done, or ``deadline`` (monotonic), or ``interrupt``."""
         with self._cond:
             while self._done_seq < seq:
+                if self._interrupted and interruptible:
+                    return False
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._cond.wait(wait_slice(remaining))
             return True
+
+    def interrupt(self) -> None:
+        """End every ``wait_done`` now, and later ones at once (the user stopped waiting)."""
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
 
     def refuse(self) -> None:
         """Refuse new writes from now on; the queued ones stay for the worker to take."""

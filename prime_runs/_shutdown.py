@@ -46,6 +46,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from prime_runs import _interrupt
+
 logger = logging.getLogger(__name__)
 
 # What each signal finishes the run as.
@@ -75,9 +77,14 @@ _exiting = False  # the exit hook is ending the process by the signal
 class ShutdownHooks:
     """The ``atexit`` hook of one run, and its place in the shared signal handling."""
 
-    def __init__(self, finish: Callable[[str], Any], *, handle_signals: bool, timeout_s: float = 60.0) -> None:
-        ref = weakref.WeakMethod(finish) if hasattr(finish, "__self__") else (lambda: finish)
-        self._finish_ref = ref
+    def __init__(self, finish: Callable[[str], Any], *, handle_signals: bool, timeout_s: float = 60.0,
+                 notice: Callable[[], Any] | None = None, stop: Callable[[], Any] | None = None,
+                 spill_timeout_s: float = 0.0) -> None:  # fmt: skip
+        self._finish_ref = _weak(finish)
+        # A SIGINT: the run says what it waits for (notice); a second one: it stops waiting (stop).
+        self._notice_ref = _weak(notice)
+        self._stop_ref = _weak(stop)
+        self._spill_timeout_s = spill_timeout_s
         self._handle_signals = handle_signals
         self._timeout_s = timeout_s
         self._installed = False
@@ -93,6 +100,20 @@ class ShutdownHooks:
         finish = self._finish_ref()
         if finish is not None:
             finish(status)
+
+    def _call(self, ref: Callable[[], Any]) -> None:
+        method = ref()
+        if method is not None:
+            try:
+                method()
+            except Exception:  # noqa: BLE001  (a signal must still end the process)
+                logger.warning("handling an interrupt failed", exc_info=True)
+
+    def _notice(self) -> None:
+        self._call(self._notice_ref)
+
+    def _stop(self) -> None:
+        self._call(self._stop_ref)
 
     def install(self) -> None:
         atexit.register(self._at_exit)
@@ -176,6 +197,8 @@ class _Episode:
 
     def _finish_runs(self) -> None:
         try:
+            if self.signum == signal.SIGINT:
+                _interrupt.tell(self.runs)
             finishers = []
             for hooks in self.runs:
                 finisher = threading.Thread(
@@ -214,7 +237,8 @@ class _Episode:
         os._exit(128 + self.signum)
 
     def wait(self) -> None:
-        self.done.wait(max(0.0, self.deadline - time.monotonic()) + 0.5)
+        # In slices on the main thread: a second Ctrl-C must get its handler run (see _interrupt).
+        _interrupt.wait_event(self.done, max(0.0, self.deadline - time.monotonic()) + 0.5)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -223,6 +247,11 @@ def _on_signal(signum: int, frame: Any) -> None:
     if _exiting:
         return  # the exit hook waits for the runs, then ends the process by the signal
     episode = _episode
+    if (episode is not None and not episode.chained and signum == episode.signum == signal.SIGINT
+            and not episode.done.is_set() and not _interrupt.stopping()):  # fmt: skip
+        # A second Ctrl-C while the runs are being finished: stop waiting, keep the rest on disk, end.
+        _interrupt.stop_waiting(episode.runs, _deliver_again)
+        return
     if episode is not None and not episode.chained:
         # Either the finisher delivered the signal again (the runs are done),
         # or a second signal came while they were being finished: chain now.
@@ -260,6 +289,12 @@ def _on_signal(signum: int, frame: Any) -> None:
         _chain(signum, frame)
 
 
+def _weak(method: Callable[..., Any] | None) -> Callable[[], Any]:
+    if method is None:
+        return lambda: None
+    return weakref.WeakMethod(method) if hasattr(method, "__self__") else (lambda: method)  # type: ignore[arg-type]
+
+
 def _may_hold_a_lock(frame: Any) -> bool:
     """Whether the interrupted stack runs code that may hold a lock finishing needs."""
     while frame is not None:
@@ -275,6 +310,8 @@ def _may_hold_a_lock(frame: Any) -> bool:
 
 
 def _chain(signum: int, frame: Any) -> None:
+    if signum == signal.SIGINT and _interrupt.stopping():
+        _interrupt.end_now()  # the user stopped waiting: the process ends by the signal, no traceback
     default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
     previous = _previous.get(signum, default)
     _restore_if_idle()

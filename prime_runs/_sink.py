@@ -16,6 +16,7 @@ reports later is ignored.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import threading
 from collections import Counter
@@ -59,13 +60,48 @@ class Undelivered:
     key: str | None = None
 
 
-class Ledger:
-    """Per write and sink: the fate of each record (by its index in the write), until closed. Thread-safe."""
+#: The caller's method, by line format, for messages that say which call a record came from.
+METHODS = {"episode": "log_episodes", "trace": "log_traces"}
 
-    def __init__(self, accounting: Accounting, sink: str, records: int) -> None:
+
+class Origins:
+    """Which call, and which item of the caller's list, each record of a write came from.
+
+    Writes are merged before they reach a sink; ``add`` records where each
+    one starts, so a message can say ``log_episodes call 12, item 3``.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._calls: list[tuple[str, int, int]] = []
+
+    def add(self, start: int, line_format: str | None, call: int, first_item: int = 0) -> None:
+        """Records from ``start`` on are ``call``'s, from its item ``first_item`` on."""
+        self._starts.append(start)
+        self._calls.append((METHODS.get(line_format or "", "submit"), call, first_item))
+
+    def where(self, index: int) -> str | None:
+        at = bisect.bisect_right(self._starts, index) - 1
+        if at < 0:
+            return None
+        method, call, first_item = self._calls[at]
+        return f"{method} call {call}, item {index - self._starts[at] + first_item}"
+
+
+class Ledger:
+    """Per write and sink: the fate of each record (by its index in the write), until closed. Thread-safe.
+
+    With ``origins``, the messages of records refused for their own fault
+    say which call and item of the caller's list each record was.
+    """
+
+    def __init__(self, accounting: Accounting, sink: str, records: int, origins: Origins | None = None) -> None:
         self._accounting = accounting
         self.sink = sink
         self.records = records
+        self.origins = origins
+        #: The first message of a record lost for its own fault (for errors raised to the caller).
+        self.first_detail: str | None = None
         #: Records not yet stored, rejected, failed or spooled.
         self.remaining = records
         #: What this write lost in this sink, by reason (for error reporting).
@@ -96,24 +132,38 @@ class Ledger:
         if taken:
             self._accounting.count_stored(self.sink, len(taken), bytes_sent)
 
-    def failed(self, indexes: Iterable[int], reason: str) -> None:
-        """Lost for good (there is nowhere to keep them)."""
+    def locate(self, index: int, record_id: str | None = None) -> str:
+        """``record 'ep-7' (log_episodes call 12, item 3)``: the record, as the caller knows it."""
+        where = self.origins.where(index) if self.origins is not None else None
+        where = where or f"item {index} of the write"
+        return f"record {record_id!r} ({where})" if record_id else f"the record at {where}"
+
+    def failed(self, indexes: Iterable[int], reason: str, message: str | None = None) -> None:
+        """Lost for good (there is nowhere to keep them); ``message`` says why, about the first."""
         with self._lock:
             taken = self._settle(indexes, (_OPEN, _UNDELIVERED))
             if taken:
                 self.failures[reason] += len(taken)
         if taken:
-            self._accounting.count_failed(self.sink, len(taken), reason)
+            detail = f"{self.locate(taken[0])}: {message}" if message else None
+            self.first_detail = self.first_detail or detail
+            self._accounting.count_failed(self.sink, len(taken), reason, detail)
 
-    def rejected(self, index: int, reason: str, message: str) -> None:
-        """Refused for its own fault (invalid, or refused by the service): counted failed, kept aside."""
+    def rejected(self, index: int, reason: str, message: str, record_id: str | None = None) -> None:
+        """Refused for its own fault (invalid, or refused by the service): counted failed, kept aside.
+
+        ``message`` says why (``traces[0].logprobs[17] is NaN...``); the ledger
+        prefixes it with the record's id, call and position.
+        """
+        detail = f"{self.locate(index, record_id)}: {message}"
         with self._lock:
             taken = self._settle((index,))
             if taken:
                 self.failures[reason] += 1
-                self.rejections.append(Rejection(index, reason, message))
+                self.rejections.append(Rejection(index, reason, detail))
+                self.first_detail = self.first_detail or detail
         if taken:
-            self._accounting.count_failed(self.sink, 1, reason)
+            self._accounting.count_failed(self.sink, 1, reason, detail)
 
     def undelivered(self, indexes: Iterable[int], reason: str, *, batch: bool = False,
                     key: str | None = None) -> None:  # fmt: skip

@@ -62,7 +62,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from prime_runs._encoding import EncodedWrite
+from prime_runs._encoding import EncodedWrite, id_of
 from prime_runs._outcomes import (
     SINK,
     SIZE_CODES,
@@ -140,7 +140,7 @@ class SinkWrite:
         return self.status
 
     def _reject(self, index: int, reason: str, detail: str) -> None:
-        self.ledger.rejected(index, reason, detail)
+        self.ledger.rejected(index, reason, f"refused by the service: {detail}", id_of(self.records[index]))
         self.failures[reason] += 1
         self.sample = self.sample or detail
 

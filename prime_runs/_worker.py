@@ -20,7 +20,7 @@ from prime_runs._queue import (
     SizeMeter,
     Write,
 )
-from prime_runs._sink import Ledger, Sink, SinkStatus
+from prime_runs._sink import METHODS, Ledger, Origins, Sink, SinkStatus
 from prime_runs._spool import SPILL_TIMEOUT, Spool
 from prime_runs.errors import SinkError
 from prime_traces._pool import call_in_forked_child, run_in_daemon
@@ -48,6 +48,18 @@ class _Group:
     records: list[Any]
     line_format: str
     count: int
+    origins: Origins
+
+    def add(self, write: Write, records: Sequence[Any], first_item: int = 0) -> None:
+        self.origins.add(self.count, write.line_format, write.call, first_item)
+        self.records.extend(records)
+        self.count += len(records)
+
+    @classmethod
+    def of(cls, write: Write, records: Sequence[Any], line_format: str, first_item: int = 0) -> _Group:
+        group = cls(write.seq, [], line_format, 0, Origins())
+        group.add(write, records, first_item)
+        return group
 
 
 class UploadWorker:
@@ -144,13 +156,22 @@ class UploadWorker:
         count = len(records)
         if not count:
             return True
-        accepted, reason = self._queue.put(records, line_format)
+        accepted, reason, call = self._queue.put(records, line_format)
         if accepted:
             self._ensure_thread()
         else:
-            self.accounting.count_drop(count, reason or "dropped")
+            self.accounting.count_drop(count, reason or "dropped", self._drop_detail(count, reason, line_format, call))
         self.accounting.count_submit(count, time.perf_counter() - started)
         return accepted
+
+    def _drop_detail(self, count: int, reason: str | None, line_format: str | None, call: int) -> str:
+        what = f"{METHODS.get(line_format or '', 'submit')} call {call} ({count} records)"
+        if reason == "closed":
+            return f"{what} came after finish(): its records are not logged"
+        queue = self._queue
+        return (f"{what} dropped: the upload queue is full ({queue.queued_records} records, "
+                f"~{queue.queued_bytes / 1e6:.0f} MB waiting; max_queued_records={queue.max_records}, "
+                f"max_queued_bytes={queue.max_bytes}); the service is slower than the run logs")  # fmt: skip
 
     def start(self) -> None:
         """Start the worker thread now (it otherwise starts with the first write)."""
@@ -173,6 +194,14 @@ class UploadWorker:
         """Wait until everything submitted before the call is accounted for."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         return self._queue.wait_done(self._queue.last_seq(), deadline)
+
+    def stop_waiting(self) -> None:
+        """``flush`` and ``close`` stop waiting for the sinks now: ``close`` goes on to spool what is left."""
+        self._queue.interrupt()
+        for sink in self.sinks:
+            outage = getattr(sink, "outage", None)
+            if outage is not None:
+                outage.close()
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Flush up to ``timeout_s``, then cancel, spool what is left and account for the rest.
@@ -199,7 +228,8 @@ class UploadWorker:
         left = self._queue.close()
         kept = self._keep_left(left) if left else None
         waited_until = spill_deadline + ACCOUNTING_GRACE_S
-        self._queue.wait_done(self._queue.taken_seq(), waited_until)
+        # Not cut short by stop_waiting(): this is the spooling, bounded by spill_timeout_s.
+        self._queue.wait_done(self._queue.taken_seq(), waited_until, interruptible=False)
         if kept is not None:
             kept.wait(max(0.0, waited_until - time.monotonic()))
         with self._lock:
@@ -221,24 +251,25 @@ class UploadWorker:
         # Consecutive writes of one line format go as one: one fsync for many small writes.
         groups: list[_Group] = []
         for write in left:
+            records = list(write.records)[: write.count]
             if write.line_format is not None and groups and groups[-1].line_format == write.line_format:
-                groups[-1].records.extend(write.records)
-                groups[-1].count += write.count
+                groups[-1].add(write, records)
             else:
-                groups.append(_Group(write.seq, list(write.records), write.line_format or "", write.count))
+                groups.append(_Group.of(write, records, write.line_format or ""))
         with self._lock:  # registered first: what the deadline finds unfinished, close() accounts for
             for group in groups:
-                self._inflight[group.key] = [Ledger(self.accounting, s.name, group.count) for s in self.sinks]
+                self._inflight[group.key] = self._ledgers(group.count, group.origins)
             entries = [(group, self._inflight[group.key]) for group in groups]
         def keep() -> None:
             try:
                 for group, ledgers in entries:
                     skipped, line_format = 0, group.line_format
+                    why = None
                     if not line_format:
                         write = Write(group.key, group.records, None, 0.0, group.count)
-                        skipped, line_format = self._detect_line_format(write)
+                        skipped, line_format, why = self._detect_line_format(write)
                     for sink, ledger in zip(self.sinks, ledgers):
-                        ledger.failed(range(skipped), INVALID_RECORD)
+                        ledger.failed(range(skipped), INVALID_RECORD, why)
                         self._keep(sink, group.records, line_format, ledger, DEADLINE)
                     with self._lock:
                         self._inflight.pop(group.key, None)
@@ -278,9 +309,12 @@ class UploadWorker:
         # Runs under the queue's lock and calls no user code: from here on
         # close() sees the taken records, whatever detecting formats does.
         with self._lock:
-            self._inflight[writes[0].seq] = [
-                Ledger(self.accounting, s.name, sum(w.count for w in writes)) for s in self.sinks
-            ]
+            origins = Origins()
+            start = 0
+            for write in writes:
+                origins.add(start, write.line_format, write.call)
+                start += write.count
+            self._inflight[writes[0].seq] = self._ledgers(start, origins)
 
     def _group(self, writes: list[Write]) -> list[_Group]:
         """Swap the claim on ``writes`` for one per group; [] when close() took them meanwhile."""
@@ -295,29 +329,32 @@ class UploadWorker:
         for write in writes:
             records, line_format = write.records, write.line_format
             start, offset = offset, offset + write.count
+            skipped = 0
             if line_format is None:
-                skipped, line_format = self._detect_line_format(write)
+                skipped, line_format, why = self._detect_line_format(write)
                 if skipped:
                     for ledger in claim:
-                        ledger.failed(range(start, start + skipped), INVALID_RECORD)
-                    self._report_failures({s.name: {INVALID_RECORD: skipped} for s in self.sinks})
+                        ledger.failed(range(start, start + skipped), INVALID_RECORD, why)
+                    self._report_failures({s.name: {INVALID_RECORD: skipped} for s in self.sinks}, claim[0])
                     records = records[skipped:]
             if not records:
                 continue
             if groups and groups[-1].line_format == line_format:
-                groups[-1].records.extend(records)
-                groups[-1].count += len(records)
+                groups[-1].add(write, records, skipped)
             else:
-                groups.append(_Group(write.seq, list(records), line_format, len(records)))
+                groups.append(_Group.of(write, records, line_format, skipped))
         with self._lock:
             if self._inflight.pop(writes[0].seq, None) is None:
                 return []
             for group in groups:
-                self._inflight[group.key] = [Ledger(self.accounting, s.name, group.count) for s in self.sinks]
+                self._inflight[group.key] = self._ledgers(group.count, group.origins)
         return groups
 
+    def _ledgers(self, records: int, origins: Origins) -> list[Ledger]:
+        return [Ledger(self.accounting, s.name, records, origins) for s in self.sinks]
+
     @staticmethod
-    def _detect_line_format(write: Write) -> tuple[int, str]:
+    def _detect_line_format(write: Write) -> tuple[int, str, str | None]:
         """How many leading records could not be inspected, and the format of the first that could.
 
         Detection runs user code (a ``traces`` property, a mapping's
@@ -333,13 +370,12 @@ class UploadWorker:
             except Exception as err:  # noqa: BLE001  (user code may raise anything)
                 first_error = first_error or err
                 skipped += 1
+        why = None
         if first_error is not None:
-            logger.warning(
-                "%d of %d records not logged (%s): their line format could not be detected: %s: %s; "
-                "pass line_format to submit()",
-                skipped, write.count, INVALID_RECORD, type(first_error).__name__, first_error,
-            )  # fmt: skip
-        return skipped, line_format
+            why = (f"its line format could not be detected ({type(first_error).__name__}: {first_error}); "
+                   "pass line_format to submit()")  # fmt: skip
+            logger.warning("%d of %d records not logged (%s): %s", skipped, write.count, INVALID_RECORD, why)
+        return skipped, line_format, why
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
@@ -455,14 +491,14 @@ class UploadWorker:
         else:
             self._strikes[sink.name] = 0
         if ledger.failures:
-            self._report_failures({sink.name: dict(ledger.failures)})
+            self._report_failures({sink.name: dict(ledger.failures)}, ledger)
 
-    def _report_failures(self, failures: dict[str, dict[str, int]]) -> None:
+    def _report_failures(self, failures: dict[str, dict[str, int]], ledger: Ledger | None = None) -> None:
         if self.on_error is None:
             return
         for sink, reasons in failures.items():
             try:
-                self.on_error(SinkError(sink, reasons))
+                self.on_error(SinkError(sink, reasons, ledger.first_detail if ledger is not None else None))
             except Exception:  # noqa: BLE001
                 logger.warning("on_error callback failed", exc_info=True)
 

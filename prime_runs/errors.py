@@ -11,15 +11,19 @@ class SinkError(PrimeRunsError):
     """Records of a write were not stored by a sink.
 
     ``failures`` maps each reason (``rejected:invalid_trace``, ``transient``,
-    ``invalid_record``, ``sink_retired``, ``deadline``...) to a record count.
+    ``invalid_record``, ``sink_retired``, ``deadline``...) to a record count;
+    ``detail``, when a record was at fault, names the first one with its id,
+    call and position and the cause down to the value's path.
     """
 
-    def __init__(self, sink: str, failures: dict[str, int]) -> None:
+    def __init__(self, sink: str, failures: dict[str, int], detail: str | None = None) -> None:
         self.sink = sink
         self.failures = dict(failures)
+        self.detail = detail
         total = sum(self.failures.values())
-        detail = ", ".join(f"{n} {reason}" for reason, n in sorted(self.failures.items()))
-        super().__init__(f"{total} records not stored by the {sink} sink: {detail}")
+        counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.failures.items()))
+        text = f"{total} records not stored by the {sink} sink: {counts}"
+        super().__init__(f"{text}; first: {detail}" if detail else text)
 
 
 class RunStateError(PrimeRunsError):

@@ -9,13 +9,17 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from prime_runs import _interrupt
+from prime_runs._console import Console
 from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
 from prime_runs._run_file import RunFile
 from prime_runs._rundir import RunDirectory
 from prime_runs._shutdown import ShutdownHooks
+from prime_runs._summary import FinishProgress, record_counts, summary_lines
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
 from prime_traces._pool import call_in_forked_child, run_in_daemon
@@ -32,6 +36,9 @@ _UPDATE_LOCK_TIMEOUT_S = 0.5
 _STATUS_GRACE_S = 0.5
 # What finish() waits at least for run.json when the status request took all the time there was.
 _RUN_FILE_MIN_WAIT_S = 0.1
+
+# The runs of this process that are not finished: a second init() beside one is worth a warning.
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
 class Run:
@@ -70,6 +77,7 @@ class Run:
         tags: list[str] | None = None,
         rundir: RunDirectory | None = None,
         service_url: str | None = None,
+        console: Console | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -87,6 +95,9 @@ class Run:
         self.error: str | None = None
         self._service_url = service_url
         self._finished_at: float | None = None
+        self._started = time.monotonic()
+        #: What the run says on the terminal (``init(console=...)``).
+        self.console = console if console is not None else Console(enabled=False)
         self._run_file = RunFile(rundir, self._document) if rundir is not None and owner else None
         self._worker = worker
         self._lifecycle = lifecycle
@@ -102,9 +113,21 @@ class Run:
         self._finished = threading.Event()
         self._first_error: SinkError | None = None
         self._dirty: dict[str, bool] = {"config": False, "summary": False}
-        self._hooks = ShutdownHooks(self._finish_from_hook, handle_signals=handle_signals, timeout_s=finish_timeout_s)
+        self._stop_requested = False
+        self._status_answered: threading.Event | None = None
+        self._hooks = ShutdownHooks(
+            self._finish_from_hook, handle_signals=handle_signals, timeout_s=finish_timeout_s,
+            notice=self._interrupted, stop=self._stop_waiting,
+            spill_timeout_s=worker.spill_timeout_s if worker is not None else 0.0,
+        )  # fmt: skip
         if mode != "disabled":
             self._hooks.install()
+            others = [run for run in list(_live_runs) if not run._finishing]
+            if others:
+                self.console.warn_once("second-init", "init() was called while run %s is still live in this "
+                                       "process: both log side by side; finish() the first one when it is done",
+                                       others[0].id)  # fmt: skip
+            _live_runs.add(self)
         call_in_forked_child(self._after_fork_in_child)
 
     def __repr__(self) -> str:
@@ -123,11 +146,18 @@ class Run:
     def _submit(self, records: Iterable[Any], line_format: str) -> bool:
         if self._worker is None:
             return True
+        if self._finishing:
+            method = "log_episodes" if line_format == "episode" else "log_traces"
+            self.console.warn_once("late-records", "%s() was called after finish() of run %s: its records are not "
+                                   "logged (counted as dropped: closed)", method, self.id)  # fmt: skip
         # After finish() the worker refuses (and counts) the records: never raise into training.
         return self._worker.submit(records, line_format=line_format)
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Record scalars into the summary (last value wins); sent on a timer, never per call."""
+        if self._finishing:
+            self.console.warn_once("late-log", "run.log() was called after finish() of run %s: the values are "
+                                   "kept in run.summary but not sent", self.id)  # fmt: skip
         with self._lock:
             self.summary.update(metrics)
             if step is not None:
@@ -256,23 +286,61 @@ class Run:
         try:
             if self._finishing:
                 return
-            self._finishing = True
             if summary:
                 self.log(summary)
+            self._finishing = True
             self._finish(status, error, deadline, timeout)
         finally:
             self._finished.set()
             self._finish_lock.release()
+        if self._stop_requested and threading.current_thread() is threading.main_thread():
+            _interrupt.end_now()  # a second Ctrl-C: what was left is on disk; end as the signal would
         self._raise_first_error()
+
+    def _interrupted(self) -> None:
+        """A Ctrl-C: say what finishing waits for, and that a second one stops waiting."""
+        left = self._worker.stats() if self._worker is not None else {}
+        records = int(left.get("queued_records", 0)) + int(left.get("in_flight_records", 0))
+        where = f" in {os.path.abspath(self.dir)}" if self.dir else ""
+        waiting = f"waiting up to {self.finish_timeout_s:.0f} s for {records} records to upload" if records else (
+            "recording its status")
+        self.console.say("interrupted: finishing run %s, %s; press Ctrl-C again to stop waiting (what is left is "
+                         "kept on disk%s for `prime-runs sync`)", self.id, waiting, where)  # fmt: skip
+
+    def _stop_waiting(self) -> None:
+        """A second Ctrl-C: stop waiting for the service; what is left goes to disk."""
+        if not self._finishing or self._finished.is_set():
+            return
+        self._stop_requested = True
+        if self._worker is not None:
+            self._worker.stop_waiting()
+        answered = self._status_answered
+        if answered is not None:
+            answered.set()
 
     def _finish(self, status: str, error: str | BaseException | None, deadline: float, timeout: float) -> None:
         reserve = min(_STATUS_RESERVE_MAX_S, timeout * _STATUS_RESERVE_FRACTION)
+        self.console.finishing = True
         if self._worker is not None:
-            flushed = self._worker.close(max(0.0, deadline - reserve - time.monotonic()))
+            worker = self._worker
+            progress = FinishProgress(self.console, worker.stats, lambda: worker.meter.mean_bytes)
+            progress.start()
+            try:
+                flushed = worker.close(max(0.0, deadline - reserve - time.monotonic()))
+            finally:
+                progress.stop()
             if not flushed:
                 logger.warning("run %s: finish() ran out of time after %.1f s", self.id, timeout)
                 # The spill took its own bound: the status still gets its reserve.
                 deadline = max(deadline, time.monotonic() + reserve)
+            if self._owner:
+                # The status alone would hide losses: the summary carries the counts.
+                with self._lock:
+                    self.summary.update(record_counts(worker.stats(), self.mode))
+                    self._dirty["summary"] = True
+        if self._stop_requested:
+            status, error = "cancelled", "interrupted: finish() stopped waiting for the service (Ctrl-C)"
+            self.console.say("stopped waiting (Ctrl-C): what was not uploaded is being written to disk")
         self.status = status
         self.error = str(error) if error is not None else None
         self._finished_at = time.time()
@@ -282,13 +350,27 @@ class Run:
         written = run_file.close() if run_file is not None and run_file.active else None
         recorded = True
         if self._lifecycle is not None and self._owner:
-            recorded = self._record_status(status, self.error, deadline)
+            # Stopped by the user: no waiting on the service; run.json keeps the status for the sync.
+            recorded = False if self._stop_requested else self._record_status(status, self.error, deadline)
         if written is None and run_file is not None and not recorded:
             written = run_file.close(activate=True)  # kept for the sync: online, the directory appears now
         if written is not None and not written.wait(max(_RUN_FILE_MIN_WAIT_S, end - time.monotonic())):
             logger.warning("run %s: %s/run.json was not written in time (is the disk stalled?)", self.id, self.dir)
         self._say_what_is_left(recorded)
+        self._tell_the_user()
+        _live_runs.discard(self)
         self._hooks.uninstall()
+
+    def _tell_the_user(self) -> None:
+        console = self.console
+        console.close()
+        if not console.enabled or self._worker is None:
+            return
+        lines = summary_lines(name=self.name, run_id=self.id, mode=self.mode, status=self.status,
+                              stats=self._worker.stats(), elapsed_s=time.monotonic() - self._started,
+                              directory=self.dir)  # fmt: skip
+        for line in lines:
+            console.say("%s", line)
 
     def _say_what_is_left(self, recorded: bool) -> None:
         """Where the records that are not on the service are, and the command that uploads them."""
@@ -348,9 +430,13 @@ class Run:
                 if getattr(err, "code", None) == "run_finished":
                     confirmed.append(True)  # someone finished it first: nothing is left to record
                 logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
+            finally:
+                answered.set()
 
-        sent = run_in_daemon(send, f"prime-runs-status-{self.id}")
-        if not sent.wait(max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S):
+        # Set when the request ends, or when a second Ctrl-C stops the waiting.
+        answered = self._status_answered = threading.Event()
+        run_in_daemon(send, f"prime-runs-status-{self.id}")
+        if not _interrupt.wait_event(answered, max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S):
             logger.warning("run %s: the service did not confirm status %r within finish()'s timeout; "
                            "it may not be recorded", self.id, status)  # fmt: skip
         return bool(confirmed)

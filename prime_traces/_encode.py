@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from prime_traces._batching import LineParts
+from prime_traces._locate import describe_located
 
 CHUNK_THRESHOLD_BYTES = 1_000_000  # estimated output size above which a record is chunked
 PIECE_BYTES = 128 * 1024
@@ -345,8 +346,12 @@ class RecordEncoder:
             chunker.value(record, 0)
             return chunker.parts()
         except _NonFinite as err:
-            raise ValueError(f"record {index}: {err.args[0]!r} is not JSON (NaN and Infinity are refused)") from None
+            where = describe_located(record) or f"{err.args[0]!r} is not JSON (NaN and Infinity are refused)"
+            raise ValueError(f"record {index}: {where}") from None
         except orjson.JSONEncodeError as err:
+            where = describe_located(record)
+            if where is not None:
+                raise TypeError(f"record {index}: {where}") from err
             if isinstance(err.__cause__, _Unencodable):
                 kind = type(err.__cause__.args[0]).__name__
                 raise TypeError(f"record {index}: cannot encode value of type {kind}") from err

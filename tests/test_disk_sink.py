@@ -96,7 +96,7 @@ def test_a_record_that_cannot_be_encoded_is_set_aside_with_why(tmp_path):
     assert accounting.unaccounted("offline") == 0 and ledger.remaining == 0
     [kept] = _rejected(tmp_path)
     assert kept["id"] == "t1" and kept["reason"] == "invalid_record" and kept["line_format"] == "trace"
-    assert "inf is not JSON" in kept["message"]
+    assert "metrics.x is Infinity; NaN and Infinity are not JSON" in kept["message"]
     assert kept["record"]["id"] == "t1" and kept["record"]["metrics"] == {"x": None}  # readable, if lossy
 
 
@@ -148,7 +148,8 @@ def test_a_record_the_service_would_refuse_is_set_aside_with_the_services_own_wo
         answer = post_upload(svc.url, jsonl([stamped]), line_format="episode").json()["error"]
     assert (kept["code"], kept["reason"]) == (answer["code"], f"rejected:{answer['code']}")
     assert counts(accounting)["failed"] == {kept["reason"]: 1}
-    assert kept["message"] == f"record 1: {answer['message'].removeprefix('line 1: ')}"
+    named = f"record {record['id']!r} (item 1 of the write)" if record.get("id") else "the record at item 1 of the write"
+    assert kept["message"] == f"{named}: {answer['message'].removeprefix('line 1: ')}"
     assert accounting.unaccounted("offline") == 0
 
 

@@ -39,7 +39,10 @@ def test_save_local_keeps_a_copy_of_every_record_and_the_run(isolated, service):
     assert [c["id"] for c in copies] == [e["id"] for e in logged]  # the service's refusal changes no copy
     assert all(c["run"]["id"] == run.id for c in copies)
     document = orjson.loads((Path(run.dir) / "run.json").read_bytes())
-    assert (document["status"], document["config"], document["summary"]) == ("completed", {"lr": 3}, {"reward": 1.0, "step": 0})
+    counts = {"_records/logged": 12, "_records/stored": 11, "_records/dropped": 0, "_records/failed": 1,
+              "_records/spooled": 0}  # fmt: skip
+    assert (document["status"], document["config"], document["summary"]) == (
+        "completed", {"lr": 3}, {"reward": 1.0, "step": 0, **counts})  # fmt: skip
     counts = run.stats()["sinks"]
     assert counts["local"]["stored"] == 12 and counts["traces"]["stored"] == 11
     assert identity_holds(run, "local") and identity_holds(run, "traces")

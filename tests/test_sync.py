@@ -69,7 +69,8 @@ def test_an_offline_run_arrives_whole_and_a_second_sync_stores_nothing(isolated,
     remote = get_run(service, run.id)
     assert (remote["name"], remote["kind"], remote["status"], remote["tags"]) == ("offline-run", "eval", "completed", ["t1"])
     assert remote["config"] == {"lr": 1e-6}
-    assert remote["summary"] == {"reward": 0.3, "loss": 0.25, "step": 3}
+    counts = {"_records/logged": 42, "_records/saved": 42, "_records/dropped": 0, "_records/failed": 0}
+    assert remote["summary"] == {"reward": 0.3, "loss": 0.25, "step": 3, **counts}
     assert remote["context"] == {"source": "prime-runs", "run_type": "eval"}
     before = service.stats()
     code, out, _ = sync(capsys, service, run.dir)
@@ -98,6 +99,9 @@ def test_an_offline_run_arrives_as_the_same_run_online_would_have(isolated, tmp_
         a, b = get_run(first, "twin-run"), get_run(second, "twin-run")
         fields = ("name", "kind", "status", "config", "summary", "tags", "error", "trace_count", "episode_count",
                   "context", "step_min", "step_max", "avg_reward")  # fmt: skip
+        # The summary's record counts differ by mode: stored online, saved (to the run directory) offline.
+        assert a["summary"].pop("_records/stored") == b["summary"].pop("_records/saved") == 5
+        assert a["summary"].pop("_records/spooled") == 0
         assert {f: a[f] for f in fields} == {f: b[f] for f in fields}
         assert b["status"] == "failed" and b["error"] == "diverged" and b["summary"]["final"] is True
         docs = []

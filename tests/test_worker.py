@@ -240,8 +240,8 @@ def test_a_caller_reusing_its_list_after_submit_loses_and_gains_nothing(reuse):
 def test_the_queue_counts_a_write_as_it_was_put_whatever_happens_to_the_list_later():
     queue = RecordQueue(100, 10**9, SizeMeter())
     shrunk, grown = [{"id": "a"}, {"id": "b"}, {"id": "c"}], [{"id": "d"}]
-    assert queue.put(shrunk, None) == (True, None)
-    assert queue.put(grown, "trace") == (True, None)
+    assert queue.put(shrunk, None) == (True, None, 1)
+    assert queue.put(grown, "trace") == (True, None, 1)
     shrunk.clear()
     grown.extend([{"id": "e"}] * 10)
     taken = queue.take(float("inf"), 0)
@@ -249,8 +249,8 @@ def test_the_queue_counts_a_write_as_it_was_put_whatever_happens_to_the_list_lat
     assert queue.queued_records == 0
     assert queue.queued_bytes == 0
     # Drift would refuse this write although the queue is empty of records.
-    assert queue.put([{"id": "f"}] * 100, None) == (True, None)
-    assert queue.put([{"id": "g"}], None) == (False, "queue_full_records")
+    assert queue.put([{"id": "f"}] * 100, None)[:2] == (True, None)
+    assert queue.put([{"id": "g"}], None)[:2] == (False, "queue_full_records")
 
 
 class _RaisingEpisode:
@@ -287,7 +287,8 @@ def test_a_record_that_raises_while_its_format_is_detected_loses_only_itself(bad
     assert worker.accounting.sinks["test"].failed == {INVALID_RECORD: 2}
     assert sink.received == [episode, {"id": "t", "traces": []}]
     assert [e.failures for e in errors] == [{INVALID_RECORD: 2}]
-    assert "line format could not be detected: RuntimeError" in caplog.text
+    assert "line format could not be detected (RuntimeError" in caplog.text
+    assert errors[0].detail.startswith("the record at submit call 1, item 0: its line format could not be detected")
     assert identity_holds(worker, "test")
     # The worker is still there for what comes next, including a write of nothing but bad records.
     assert worker.submit([bad()])

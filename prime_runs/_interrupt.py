@@ -1,0 +1,105 @@
+"""A second Ctrl-C while runs are being finished: stop waiting, keep what is left, end by SIGINT.
+
+The first SIGINT finishes every live run (or lets an explicit ``finish()``
+go on), and each run says that a second Ctrl-C stops waiting. The second
+asks every run being finished to stop waiting for the service: what is
+left is spooled to the run directory (bounded by ``spill_timeout_s``), and
+the process ends by SIGINT as soon as the runs are done, rather than by a
+``KeyboardInterrupt`` unwinding through a half-finished ``finish()`` and an
+exit hook that would wait for it all over again.
+
+Called from the signal handler, which may have interrupted any lock's
+holder: the handler only sets a flag and starts a raw thread; the waiting
+and the runs' own work happen there.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# How long past the runs' spill bound the stopper waits for them before ending the process anyway.
+_STOP_MARGIN_S = 2.0
+# How long the main thread may take to handle the SIGINT sent to it (a native call may hold it off).
+_END_GRACE_S = 2.0
+
+# The longest the main thread blocks at once while finishing: a signal the kernel hands to
+# another thread runs its Python handler only when the main thread wakes up.
+SIGNAL_SLICE_S = 0.2
+
+# Read by the signal handler, written once: no lock (see _shutdown).
+_stopping = False
+
+
+def wait_slice(remaining: float | None) -> float | None:
+    """How long to block at once: ``remaining``, but at most ``SIGNAL_SLICE_S`` on the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return remaining
+    return SIGNAL_SLICE_S if remaining is None else min(remaining, SIGNAL_SLICE_S)
+
+
+def wait_event(event: threading.Event, timeout_s: float) -> bool:
+    """``event.wait(timeout_s)`` that lets the main thread handle a Ctrl-C meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not event.wait(wait_slice(max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            return False
+    return True
+
+
+def stopping() -> bool:
+    """Whether the user asked to stop waiting (the process is ending by SIGINT)."""
+    return _stopping
+
+
+def tell(runs: Sequence[Any]) -> None:
+    """Each run says what it is waiting for, and that a second Ctrl-C stops waiting (a raw thread)."""
+    for hooks in runs:
+        hooks._notice()
+
+
+def stop_waiting(runs: Sequence[Any], deliver: Callable[[int], None]) -> None:
+    """The second SIGINT: runs stop waiting on a raw thread, then ``deliver`` sends SIGINT to the main thread."""
+    global _stopping
+    _stopping = True
+    try:
+        _thread.start_new_thread(_stop, (list(runs), deliver))
+    except RuntimeError:  # no new threads (the interpreter is shutting down)
+        end_now()
+
+
+def _stop(runs: list[Any], deliver: Callable[[int], None]) -> None:
+    for hooks in runs:
+        hooks._stop()
+    bound = max((hooks._spill_timeout_s for hooks in runs), default=0.0) + _STOP_MARGIN_S
+    deadline = time.monotonic() + bound
+    for hooks in runs:
+        hooks._finished.wait(max(0.0, deadline - time.monotonic()))
+    deliver(signal.SIGINT)
+    # The main thread ends the process when it handles that; a native call may hold it off.
+    time.sleep(_END_GRACE_S)
+    os._exit(128 + signal.SIGINT)
+
+
+def end_now() -> None:
+    """End the process by SIGINT, as if nothing had caught it (main thread only)."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    except ValueError:  # not the main thread
+        os._exit(128 + signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(_END_GRACE_S)  # the default action ends the process on delivery; this is never reached
+    os._exit(128 + signal.SIGINT)
+
+
+def _after_fork_in_child() -> None:
+    global _stopping
+    _stopping = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
