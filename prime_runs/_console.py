@@ -133,8 +133,10 @@ class Console:
 
     def __init__(self, *, enabled: bool, directory: str | None = None,
                  repeat_interval_s: float = REPEAT_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:  # fmt: skip
         self.enabled = enabled
+        # Without the background thread, lines are written only by close() (tests drive _take_lines).
+        self.background = background
         self.directory = directory
         self.repeat_interval_s = repeat_interval_s
         self.clock = clock
@@ -202,7 +204,7 @@ class Console:
 
     def _ensure_thread(self) -> None:
         # Under self._lock.
-        if self._thread is not None:
+        if self._thread is not None or not self.background:
             return
         thread = threading.Thread(target=self._run, name="prime-runs-console", daemon=True)
         try:

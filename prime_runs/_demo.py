@@ -1,8 +1,10 @@
 """``prime-runs demo``: a synthetic training run against the embedded local service.
 
-It starts the local Traces service in this process (SQLite under ``--dir``),
-runs a small training loop that logs each step's episodes and metrics,
-finishes the run, reads the traces back and prints what happened.
+It starts the local Traces service in this process (SQLite in a temporary
+directory, or in ``--keep DIR``), runs a small training loop that logs each
+step's episodes and metrics, finishes the run, reads the traces back and
+prints what happened. The run's own console lines (``prime-runs: ...``) go to
+stderr as in any training script; the demo's report goes to stdout.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
+import tempfile
 import time
 from typing import Any
 
-DEFAULT_DEMO_DIR = "prime-runs-demo"
 DEMO_API_KEY = "demo"
 
 
@@ -22,39 +25,51 @@ def add_demo_command(subparsers: Any) -> None:
         "demo",
         help="log a synthetic training run to the embedded local service",
         description="Start the local Traces service in-process, log a synthetic training run "
-        "(steps x episodes of realistic agentic JSON), finish it, read it back, print a summary.",
+        "(steps x episodes of realistic agentic JSON), finish it, read it back, print a summary. "
+        "The service's SQLite file is deleted afterwards unless --keep DIR.",
     )
     p.add_argument("--steps", type=int, default=20, help="training steps (default: 20)")
     p.add_argument("--episodes-per-step", type=int, default=16, help="episodes per step (default: 16)")
     p.add_argument("--episode-kb", type=int, default=256, help="approximate size of an episode (default: 256)")
-    p.add_argument("--dir", default=DEFAULT_DEMO_DIR, help=f"where the service keeps its SQLite file "
-                   f"(default: ./{DEFAULT_DEMO_DIR})")  # fmt: skip
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="keep the service's SQLite file (traces.db) in DIR, to look at it afterwards")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if args.steps < 1 or args.episodes_per_step < 1 or args.episode_kb < 10:
+        print("prime-runs demo: --steps and --episodes-per-step must be >= 1, --episode-kb >= 10", file=sys.stderr)
+        return 2
+    if args.keep is not None:
+        os.makedirs(args.keep, exist_ok=True)
+        return _demo(args, args.keep)
+    with tempfile.TemporaryDirectory(prefix="prime-runs-demo-") as scratch:
+        return _demo(args, scratch)
+
+
+def _demo(args: argparse.Namespace, where: str) -> int:
     import prime_runs
+    from prime_runs._progress import Progress
     from prime_runs._workload import generate_episode
     from prime_traces import TracesClient
     from prime_traces.server import LocalTracesService
 
-    if args.steps < 1 or args.episodes_per_step < 1 or args.episode_kb < 10:
-        print("prime-runs demo: --steps and --episodes-per-step must be >= 1, --episode-kb >= 10")
-        return 2
-    os.makedirs(args.dir, exist_ok=True)
-    db_path = os.path.join(args.dir, "traces.db")
+    db_path = os.path.join(where, "traces.db")
     rng = random.Random(args.seed)
+    total = args.steps * args.episodes_per_step
     with LocalTracesService(db_path) as service:
-        print(f"local Traces service on {service.url} (SQLite: {db_path})")
+        print(f"local Traces service on {service.url}, SQLite in {db_path}"
+              + ("" if args.keep else " (deleted at the end; --keep DIR keeps it)"))  # fmt: skip
+        print(f"training: {args.steps} steps x {args.episodes_per_step} episodes of ~{args.episode_kb} KB", flush=True)
         run = prime_runs.init(
             "demo-grpo", kind="train", config={"lr": 1e-6, "episodes_per_step": args.episodes_per_step},
             base_url=service.url, api_key=DEMO_API_KEY, mode="online", handle_signals=False,
+            dir=os.path.join(where, "runs"),
         )  # fmt: skip
-        print(f"run {run.id}: {args.steps} steps x {args.episodes_per_step} episodes of ~{args.episode_kb} KB")
+        progress = Progress("demo: logged", stream=sys.stderr)
+        progress.start(total, total * args.episode_kb * 1000)
         slowest_s = 0.0
-        logged = 0
-        json_bytes = 0
         started = time.monotonic()
         for step in range(args.steps):
             now = time.time()
@@ -66,30 +81,39 @@ def run_demo(args: argparse.Namespace) -> int:
             call_started = time.perf_counter()
             run.log_episodes(episodes)
             slowest_s = max(slowest_s, time.perf_counter() - call_started)
-            logged += len(episodes)
-            json_bytes += args.episode_kb * 1000 * len(episodes)
+            progress.advance(len(episodes), args.episode_kb * 1000 * len(episodes))
             run.log({"reward": rng.random(), "loss": 1.0 / (step + 1)}, step=step)
+        progress.close()
         run.finish()
         elapsed = time.monotonic() - started
-        stats = run.stats()
-        sink = stats["sinks"]["traces"]
         with TracesClient(api_key=DEMO_API_KEY, base_url=service.url) as client:
             stored_episodes = sum(1 for _ in client.iter_episodes(run_id=run.id, limit=100))
             summary = client.get_run(run.id)
-        print()
-        print(f"episodes logged            {logged}")
-        print(f"episodes stored            {sink['stored']} (read back from the service: {stored_episodes})")
-        print(f"episodes dropped           {run.dropped_records}")
-        print(f"episodes failed            {sum(sink['failed'].values())}")
-        print(f"slowest log_episodes()     {slowest_s * 1000:.2f} ms")
-        print(f"throughput                 {logged / elapsed:.1f} episodes/s, "
-              f"{json_bytes / elapsed / 1e6:.1f} MB/s of JSON (generation included)")  # fmt: skip
-        print(f"run status                 {summary.status} ({summary.trace_count} traces, "
-              f"steps {summary.step_min}..{summary.step_max})")  # fmt: skip
-        print(f"run URL                    {run.url}")
-        print()
-        print("To look at it again, serve the same database and list the run's traces:")
-        print(f"  prime-traces serve --db {db_path} --port 8765")
-        print(f"  prime-traces list --run-id {run.id} --base-url http://127.0.0.1:8765 --api-key {DEMO_API_KEY}")
-    ok = sink["stored"] == logged == stored_episodes
-    return 0 if ok else 1
+        _report(run, summary, stored_episodes, db_path, slowest_s, elapsed, total, args)
+    return 0 if run.stats()["sinks"]["traces"]["stored"] == total == stored_episodes else 1
+
+
+def _report(run: Any, summary: Any, stored_episodes: int, db_path: str, slowest_s: float, elapsed: float,
+            total: int, args: argparse.Namespace) -> None:  # fmt: skip
+    sink = run.stats()["sinks"]["traces"]
+    json_bytes = total * args.episode_kb * 1000
+    print()
+    print(f"episodes logged            {total}")
+    print(f"episodes stored            {sink['stored']} (read back from the service: {stored_episodes})")
+    print(f"episodes dropped           {run.dropped_records}")
+    print(f"episodes failed            {sum(sink['failed'].values())}")
+    print(f"traces stored              {summary.trace_count} (an episode is one rollout: an envelope holding "
+          "one trace per agent that took part, 1 to 4 here)")  # fmt: skip
+    print(f"slowest log_episodes()     {slowest_s * 1000:.2f} ms")
+    print(f"throughput                 {total / elapsed:.1f} episodes/s, "
+          f"{json_bytes / elapsed / 1e6:.1f} MB/s of JSON (generation included)")  # fmt: skip
+    print(f"run status                 {summary.status} (steps {summary.step_min}..{summary.step_max})")
+    print()
+    if args.keep is None:
+        print("The database is deleted now. To look at the data afterwards, run the demo with --keep DIR,")
+        print("then serve the kept file and list the run's traces:")
+        db_path = os.path.join("DIR", "traces.db")
+    else:
+        print("To look at it again, serve the kept database and list the run's traces:")
+    print(f"  prime-traces serve --db {db_path} --port 8765")
+    print(f"  prime-traces list --run-id {run.id} --base-url http://127.0.0.1:8765 --api-key {DEMO_API_KEY}")

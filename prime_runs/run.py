@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prime_runs import _interrupt
 from prime_runs._console import Console
+from prime_runs._finish import finish_run, interrupted_notice, live_runs
 from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
 from prime_runs._run_file import RunFile
 from prime_runs._rundir import RunDirectory
 from prime_runs._shutdown import ShutdownHooks
-from prime_runs._summary import FinishProgress, record_counts, summary_lines
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
 from prime_traces._pool import call_in_forked_child, run_in_daemon
@@ -27,18 +25,7 @@ from prime_traces._pool import call_in_forked_child, run_in_daemon
 logger = logging.getLogger(__name__)
 
 ON_ERROR = ("warn", "raise")
-# Of finish()'s budget, what is kept back for recording the terminal status.
-_STATUS_RESERVE_FRACTION = 0.2
-_STATUS_RESERVE_MAX_S = 2.0
-_STATUS_MIN_TIMEOUT_S = 0.2
 _UPDATE_LOCK_TIMEOUT_S = 0.5
-# What finish() waits for the status request beyond its own deadline (thread hand-off).
-_STATUS_GRACE_S = 0.5
-# What finish() waits at least for run.json when the status request took all the time there was.
-_RUN_FILE_MIN_WAIT_S = 0.1
-
-# The runs of this process that are not finished: a second init() beside one is worth a warning.
-_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
 class Run:
@@ -122,12 +109,12 @@ class Run:
         )  # fmt: skip
         if mode != "disabled":
             self._hooks.install()
-            others = [run for run in list(_live_runs) if not run._finishing]
+            others = [run for run in list(live_runs) if not run._finishing]
             if others:
                 self.console.warn_once("second-init", "init() was called while run %s is still live in this "
                                        "process: both log side by side; finish() the first one when it is done",
                                        others[0].id)  # fmt: skip
-            _live_runs.add(self)
+            live_runs.add(self)
         call_in_forked_child(self._after_fork_in_child)
 
     def __repr__(self) -> str:
@@ -289,7 +276,7 @@ class Run:
             if summary:
                 self.log(summary)
             self._finishing = True
-            self._finish(status, error, deadline, timeout)
+            finish_run(self, status, error, deadline, timeout)
         finally:
             self._finished.set()
             self._finish_lock.release()
@@ -298,14 +285,7 @@ class Run:
         self._raise_first_error()
 
     def _interrupted(self) -> None:
-        """A Ctrl-C: say what finishing waits for, and that a second one stops waiting."""
-        left = self._worker.stats() if self._worker is not None else {}
-        records = int(left.get("queued_records", 0)) + int(left.get("in_flight_records", 0))
-        where = f" in {os.path.abspath(self.dir)}" if self.dir else ""
-        waiting = f"waiting up to {self.finish_timeout_s:.0f} s for {records} records to upload" if records else (
-            "recording its status")
-        self.console.say("interrupted: finishing run %s, %s; press Ctrl-C again to stop waiting (what is left is "
-                         "kept on disk%s for `prime-runs sync`)", self.id, waiting, where)  # fmt: skip
+        interrupted_notice(self)  # a method: the shutdown hooks hold it weakly
 
     def _stop_waiting(self) -> None:
         """A second Ctrl-C: stop waiting for the service; what is left goes to disk."""
@@ -317,129 +297,6 @@ class Run:
         answered = self._status_answered
         if answered is not None:
             answered.set()
-
-    def _finish(self, status: str, error: str | BaseException | None, deadline: float, timeout: float) -> None:
-        reserve = min(_STATUS_RESERVE_MAX_S, timeout * _STATUS_RESERVE_FRACTION)
-        self.console.finishing = True
-        if self._worker is not None:
-            worker = self._worker
-            progress = FinishProgress(self.console, worker.stats, lambda: worker.meter.mean_bytes)
-            progress.start()
-            try:
-                flushed = worker.close(max(0.0, deadline - reserve - time.monotonic()))
-            finally:
-                progress.stop()
-            if not flushed:
-                logger.warning("run %s: finish() ran out of time after %.1f s", self.id, timeout)
-                # The spill took its own bound: the status still gets its reserve.
-                deadline = max(deadline, time.monotonic() + reserve)
-            if self._owner:
-                # The status alone would hide losses: the summary carries the counts.
-                with self._lock:
-                    self.summary.update(record_counts(worker.stats(), self.mode))
-                    self._dirty["summary"] = True
-        if self._stop_requested:
-            status, error = "cancelled", "interrupted: finish() stopped waiting for the service (Ctrl-C)"
-            self.console.say("stopped waiting (Ctrl-C): what was not uploaded is being written to disk")
-        self.status = status
-        self.error = str(error) if error is not None else None
-        self._finished_at = time.time()
-        # The status request and the last run.json write share one end: finish() waits for neither past it.
-        end = time.monotonic() + max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S
-        run_file = self._run_file
-        written = run_file.close() if run_file is not None and run_file.active else None
-        recorded = True
-        if self._lifecycle is not None and self._owner:
-            # Stopped by the user: no waiting on the service; run.json keeps the status for the sync.
-            recorded = False if self._stop_requested else self._record_status(status, self.error, deadline)
-        if written is None and run_file is not None and not recorded:
-            written = run_file.close(activate=True)  # kept for the sync: online, the directory appears now
-        if written is not None and not written.wait(max(_RUN_FILE_MIN_WAIT_S, end - time.monotonic())):
-            logger.warning("run %s: %s/run.json was not written in time (is the disk stalled?)", self.id, self.dir)
-        self._say_what_is_left(recorded)
-        self._tell_the_user()
-        _live_runs.discard(self)
-        self._hooks.uninstall()
-
-    def _tell_the_user(self) -> None:
-        console = self.console
-        console.close()
-        if not console.enabled or self._worker is None:
-            return
-        lines = summary_lines(name=self.name, run_id=self.id, mode=self.mode, status=self.status,
-                              stats=self._worker.stats(), elapsed_s=time.monotonic() - self._started,
-                              directory=self.dir)  # fmt: skip
-        for line in lines:
-            console.say("%s", line)
-
-    def _say_what_is_left(self, recorded: bool) -> None:
-        """Where the records that are not on the service are, and the command that uploads them."""
-        if self._worker is None or self.dir is None:
-            return
-        stats = self._worker.stats()
-        sinks = {name: c for name, c in stats["sinks"].items() if name != "local"}
-        spooled = sum(c["spooled"] for c in sinks.values())
-        where = os.path.abspath(self.dir)
-        if self.mode == "offline":
-            stored = sum(c["stored"] for c in sinks.values())
-            logger.info("run %s: %d records saved in %s; upload them with: prime-runs sync %s",
-                        self.id, stored + spooled, where, where)  # fmt: skip
-        elif spooled or (not recorded and self._run_file is not None and self._run_file.active):
-            reasons = collections.Counter[str]()
-            for counts in sinks.values():
-                reasons.update(counts["spooled_reasons"])
-            why = f" ({', '.join(f'{r}: {n}' for r, n in reasons.most_common())})" if reasons else ""
-            logger.warning("run %s: %d records were not delivered%s and are saved in %s; upload them with: "
-                           "prime-runs sync %s", self.id, spooled, why, where, where)  # fmt: skip
-
-    def _record_status(self, status: str, error: str | None, deadline: float) -> bool:
-        """Send the terminal status with the whole config and summary, waiting until ``deadline``.
-
-        Returns whether the service confirmed it.
-
-        The request runs on a daemon thread: requests' timeouts bound each socket
-        read, not a whole answer, so a service that trickles its reply would
-        otherwise hold ``finish()`` (and exit) past its deadline. PATCH merges,
-        so sending everything again is harmless, and nothing logged before
-        ``finish()`` is left behind by an update still in flight.
-        """
-        lifecycle = self._lifecycle
-        assert lifecycle is not None
-        confirmed: list[bool] = []
-
-        def send() -> None:
-            try:
-                # An update still waiting for its answer holds the lock: wait for it
-                # half the time left, then send the status alone, which carries
-                # nothing that update could overwrite.
-                locked = self._patch_lock.acquire(timeout=max(0.0, (deadline - time.monotonic()) / 2))
-                try:
-                    if locked:
-                        config, summary = self._snapshot(everything=True)
-                    else:
-                        config = summary = None
-                        logger.warning("run %s: an earlier update is still waiting for an answer; "
-                                       "sending status %r without the latest config and summary", self.id, status)  # fmt: skip
-                    lifecycle.update(self.id, config=config, summary=summary, status=status, error=error,
-                                     timeout_s=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()))  # fmt: skip
-                    confirmed.append(True)
-                finally:
-                    if locked:
-                        self._patch_lock.release()
-            except Exception as err:  # noqa: BLE001  (finish must return, whatever the service does)
-                if getattr(err, "code", None) == "run_finished":
-                    confirmed.append(True)  # someone finished it first: nothing is left to record
-                logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
-            finally:
-                answered.set()
-
-        # Set when the request ends, or when a second Ctrl-C stops the waiting.
-        answered = self._status_answered = threading.Event()
-        run_in_daemon(send, f"prime-runs-status-{self.id}")
-        if not _interrupt.wait_event(answered, max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S):
-            logger.warning("run %s: the service did not confirm status %r within finish()'s timeout; "
-                           "it may not be recorded", self.id, status)  # fmt: skip
-        return bool(confirmed)
 
     def _finish_from_hook(self, status: str) -> None:
         if not self._finishing:

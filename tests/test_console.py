@@ -92,7 +92,7 @@ def test_the_init_line_and_the_summary_say_where_and_what(service, capsys):
 
 def test_losses_after_the_first_are_counted_at_most_once_per_interval():
     now = [100.0]
-    console = Console(enabled=True, repeat_interval_s=30.0, clock=lambda: now[0])
+    console = Console(enabled=True, repeat_interval_s=30.0, clock=lambda: now[0], background=False)
     said: list[str] = []
     console.say = lambda message, *args, progress=False: said.append(message % args)  # type: ignore[method-assign]
     console.heard("failed", "traces", "invalid_record", 1, "record 'x' (log_episodes call 1, item 0): boom")
