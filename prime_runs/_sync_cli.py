@@ -3,8 +3,12 @@
 ``sync`` exits 0 when every record of every run is on the service, 3 when
 everything is except records the service (or the run itself) refused, which
 stay in the runs' ``rejected-*.jsonl.zst`` files, 1 when something is left to
-upload (run it again), and 2 for a bad command line. Problems are one line
-on stderr, ``prime-runs: ...``: never a traceback, never the API key.
+upload (run it again), and 2 for a bad command line. ``ls`` exits 0, 2 for a
+directory that does not exist and 1 when the runs cannot be read. Problems
+are one line on stderr, ``prime-runs: ...``: never a traceback, never the API
+key; with ``ls --json`` stdout gets one JSON document either way, the runs or
+``{"error": {"message", "code": null, "status": null}}``. What stdout's reader
+did not wait for (``| head``) ends quietly: ``prime_runs.cli`` sees to that.
 """
 
 from __future__ import annotations
@@ -15,8 +19,6 @@ import os
 import sys
 from typing import Any
 
-import orjson
-
 from prime_runs._progress import Progress, human_bytes
 from prime_runs._rundir import RUN_FILE, RunDirectory, runs_root
 from prime_runs._segment_reader import scan
@@ -25,11 +27,13 @@ from prime_runs._sync import FileProgress, pending
 from prime_runs._sync_run import SyncReport, sync_run
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
+from prime_traces._cli_output import fail, print_json
 from prime_traces._config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.errors import PrimeTracesError
 
 PROG = "prime-runs"
 EXIT_OK, EXIT_LEFT, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+EXIT_UNREADABLE = 1  # ls: the runs could not be read
 
 
 def add_sync_commands(subparsers: Any) -> None:
@@ -191,12 +195,16 @@ def describe_run(path: str) -> dict[str, Any]:
 def run_ls(args: argparse.Namespace) -> int:
     root = args.dir or runs_root()
     if not os.path.isdir(root):
-        _fail(f"no such directory: {root}")
+        fail(PROG, f"no such directory: {root}", as_json=args.json)
         return EXIT_USAGE
-    runs, _ = find_runs([root])
-    rows = [describe_run(path) for path in runs]
+    try:
+        runs, _ = find_runs([root])
+        rows = [describe_run(path) for path in runs]
+    except (PrimeRunsError, OSError, ValueError) as err:
+        fail(PROG, f"{root}: {err}", err=err, as_json=args.json)
+        return EXIT_UNREADABLE
     if args.json:
-        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        print_json(rows)
         return EXIT_OK
     if not rows:
         print(f"no runs in {root}")

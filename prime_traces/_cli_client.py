@@ -1,37 +1,67 @@
 """The client commands of ``prime-traces``: upload, list, get, download, delete, delete-run.
 
 :func:`add_client_commands` registers them on the CLI's subparsers; each sets
-``func(args) -> int`` (exit status) as ``serve`` does. Output is a table or
-key/value lines for people, or with ``--json`` one JSON document on stdout for
-scripts. A failure is one line on stderr, ``prime-traces: <message>``, and
-exit status 1: never a traceback, never the API key. ``prime_traces.cli``
-wires them into ``prime-traces`` beside ``serve``.
+``func(args) -> int`` (exit status) as ``serve`` does, ``list`` also a
+``check(args)`` for what spans options. ``prime_traces.cli`` wires them into
+``prime-traces`` beside ``serve``; :mod:`prime_traces._cli_output` writes
+what they print and states the rules (stdout, stderr, ``--json``, exit status).
+Here:
+
+- Every command takes ``--json``: the page, summary or receipts; ``{"trace_id",
+  "path", "size_bytes"}`` for ``download``; ``{"deleted": "trace" | "run", ...}``.
+- A failure exits 1 (130 when interrupted), never a traceback or the API key.
+- Checked locally, before any request, exit 2: ``--limit`` 1..100, ``--created-*``
+  ISO 8601, finite rewards with ``--reward-min`` <= ``--reward-max``, ``--sort``
+  without blanks, ``--max-in-flight`` 1..8.
+- ``delete-run`` asks first when stdin is a terminal, unless ``--yes``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import orjson
 
 from prime_traces._batching import iter_file_lines
+from prime_traces._cli_output import (
+    cell,
+    fail,
+    finite_float,
+    int_in,
+    iso8601,
+    no_blanks,
+    print_json,
+    summary_lines,
+    table,
+    when,
+)
 from prime_traces._config import (
     ENV_API_KEY,
     ENV_TEAM_ID,
     ENV_TRACES_URL,
     resolve_config,
 )
-from prime_traces._models import TraceSummary
 from prime_traces._read_api import ReadAPI
-from prime_traces.client import TracesClient
+from prime_traces.client import MAX_IN_FLIGHT_LIMIT, TracesClient
 from prime_traces.errors import PrimeTracesError, UploadError
 
 PROG = "prime-traces"
+MAX_PAGE_LIMIT = 100  # contract §3: default 20, max 100
 Command = Callable[[ReadAPI, argparse.Namespace], None]
+
+
+class _Aborted(PrimeTracesError):
+    """The user did not confirm."""
+
+
+def _check_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.reward_min is not None and args.reward_max is not None and args.reward_min > args.reward_max:
+        parser.error(f"--reward-min {args.reward_min} is above --reward-max {args.reward_max}")
+
 
 # (option, dest, argparse keywords): the list filters of contract §3.
 _LIST_FILTERS: list[tuple[str, str, dict[str, Any]]] = [
@@ -42,14 +72,14 @@ _LIST_FILTERS: list[tuple[str, str, dict[str, Any]]] = [
     ("--task-id", "task_id", {}),
     ("--outcome", "outcome", {}),
     ("--upload-id", "upload_id", {"action": "append", "help": "repeatable: any of them"}),
-    ("--reward-min", "reward_min", {"type": float}),
-    ("--reward-max", "reward_max", {"type": float}),
+    ("--reward-min", "reward_min", {"type": finite_float}),
+    ("--reward-max", "reward_max", {"type": finite_float}),
     ("--has-error", "has_error", {"action": argparse.BooleanOptionalAction}),
     ("--is-truncated", "is_truncated", {"action": argparse.BooleanOptionalAction}),
-    ("--created-after", "created_after", {"metavar": "ISO8601"}),
-    ("--created-before", "created_before", {"metavar": "ISO8601"}),
-    ("--sort", "sort", {}),
-    ("--limit", "limit", {"type": int, "help": "page size, 1..100 (default: 20)"}),
+    ("--created-after", "created_after", {"type": iso8601, "metavar": "ISO8601"}),
+    ("--created-before", "created_before", {"type": iso8601, "metavar": "ISO8601"}),
+    ("--sort", "sort", {"type": no_blanks}),
+    ("--limit", "limit", {"type": int_in(1, MAX_PAGE_LIMIT), "help": "page size, 1..100 (default: 20)"}),
     ("--cursor", "cursor", {"help": "next_cursor of the previous page"}),
 ]
 
@@ -85,7 +115,8 @@ def add_client_commands(subparsers: Any) -> None:
     p.add_argument("--episode", action="store_true", help="each line is an episode envelope")
     p.add_argument("--context", dest="context", action="append", type=_context_pair, default=None,
                    metavar="KEY=VALUE", help="repeatable: stored with every trace")  # fmt: skip
-    p.add_argument("--max-in-flight", type=int, default=None, help="requests in flight (1..8, default 8)")
+    p.add_argument("--max-in-flight", type=int_in(1, MAX_IN_FLIGHT_LIMIT), default=None,
+                   help="requests in flight (1..8, default 8)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the receipts as one JSON document")
     p.set_defaults(func=_command(_upload))
     p = subparsers.add_parser("list", parents=common, help="list traces, newest first",
@@ -95,7 +126,7 @@ def add_client_commands(subparsers: Any) -> None:
     p.add_argument("--context", dest="context", action="append", type=_context_pair, default=None,
                    metavar="KEY=VALUE", help="repeatable: all must match")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the page as one JSON document")
-    p.set_defaults(func=_command(_list))
+    p.set_defaults(func=_command(_list), check=partial(_check_list, p))
 
     p = subparsers.add_parser("get", parents=common, help="show one trace",
                               description="Show a trace's summary, or with --raw its stored document.")  # fmt: skip
@@ -109,18 +140,23 @@ def add_client_commands(subparsers: Any) -> None:
                                           "only once the whole document has arrived.")  # fmt: skip
     p.add_argument("trace_id", metavar="ID")
     p.add_argument("dest", metavar="DEST")
+    p.add_argument("--json", action="store_true", help="print {path, size_bytes} as one JSON document")
     p.set_defaults(func=_command(_download))
 
     p = subparsers.add_parser("delete", parents=common, help="delete a trace",
                               description="Delete every stored copy of a trace.")  # fmt: skip
     p.add_argument("trace_id", metavar="ID")
-    p.add_argument("--created-at", default=None, metavar="ISO8601",
+    p.add_argument("--created-at", type=iso8601, default=None, metavar="ISO8601",
                    help="delete only the copies created at this time")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print what was deleted as one JSON document")
     p.set_defaults(func=_command(_delete))
 
     p = subparsers.add_parser("delete-run", parents=common, help="delete every trace of a run",
-                              description="Delete every trace of a run (its episode rows stay).")  # fmt: skip
+                              description="Delete every trace of a run (its episode rows stay). On a "
+                                          "terminal it asks first; --yes does not ask.")  # fmt: skip
     p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--json", action="store_true", help="print what was deleted as one JSON document")
     p.set_defaults(func=_command(_delete_run))
 
 
@@ -135,52 +171,23 @@ def _command(body: Command) -> Callable[[argparse.Namespace], int]:
             client = TracesClient(config.api_key, config.base_url, config.team_id, **options)
             body(client, args)
             return 0
+        except BrokenPipeError:
+            raise  # stdout's reader went away (the transport turns its own into TransportError)
         except KeyboardInterrupt:
-            _fail("interrupted", api_key)
+            fail(PROG, "interrupted", api_key=api_key, as_json=args.json)
             return 130
         except (PrimeTracesError, OSError, ValueError) as err:
-            _fail(str(err), api_key)
+            fail(PROG, str(err), api_key=api_key, err=err, as_json=args.json)
             return 1
         except Exception as err:  # noqa: BLE001  (the CLI's promise: one line, no traceback)
-            _fail(f"unexpected error: {type(err).__name__}: {err}", api_key)
+            fail(PROG, f"unexpected error: {type(err).__name__}: {err}", api_key=api_key, err=err,
+                 as_json=args.json)  # fmt: skip
             return 1
         finally:
             if client is not None:
                 client.close()  # its upload threads too, not only its sessions
 
     return run
-
-
-def _fail(message: str, api_key: str | None) -> None:
-    if api_key:
-        message = message.replace(api_key, "***")
-    line = " ".join(message.split()) or "failed"
-    print(f"{PROG}: {line}", file=sys.stderr)
-
-
-def _print_json(document: Any) -> None:
-    print(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
-
-
-def _when(moment: datetime | None) -> str:
-    if moment is None:
-        return "-"
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def _upload(api: ReadAPI, args: argparse.Namespace) -> None:
@@ -192,7 +199,7 @@ def _upload(api: ReadAPI, args: argparse.Namespace) -> None:
     except UploadError as err:
         raise PrimeTracesError(f"{err} (re-running the upload resends only what is missing)") from err
     if args.json:
-        _print_json([r.to_dict() for r in receipts])
+        print_json([r.to_dict() for r in receipts])
         return
     for receipt in receipts:
         print(f"{receipt.upload_id}  {receipt.status}")
@@ -230,62 +237,73 @@ def _list(api: ReadAPI, args: argparse.Namespace) -> None:
     filters["context"] = dict(args.context) if args.context else None
     page = api.list(**filters)
     if args.json:
-        _print_json(page.to_dict())
+        print_json(page.to_dict())
         return
     if not page.items:
         print("no traces")
     else:
         header = ("TRACE ID", "CREATED (UTC)", "RUN", "MODEL", "REWARD", "OUTCOME", "ERROR", "TOKENS")
         rows = [header] + [
-            (t.trace_id, _when(t.created_at), _text(t.run_id), _text(t.model.id),
-             _text(t.score.reward), _text(t.score.outcome), _text(t.execution.has_error),
+            (t.trace_id, when(t.created_at), cell(t.run_id), cell(t.model.id),
+             cell(t.score.reward), cell(t.score.outcome), cell(t.execution.has_error),
              str(t.total_tokens))
             for t in page.items
         ]  # fmt: skip
-        print(_table(rows))
+        print(table(rows))
     if page.next_cursor:
         print(f"more: --cursor {page.next_cursor}")
-
-
-def _summary_lines(t: TraceSummary) -> list[tuple[str, str]]:
-    return [
-        ("trace_id", t.trace_id), ("upload_id", t.upload_id), ("episode_id", _text(t.episode_id)),
-        ("created_at", _when(t.created_at)), ("ingested_at", _when(t.ingested_at)),
-        ("run_id", _text(t.run_id)), ("environment_id", _text(t.environment_id)),
-        ("model", f"{_text(t.model.provider)} / {_text(t.model.id)}"),
-        ("task_id", _text(t.task_id)), ("agent_name", _text(t.agent_name)),
-        ("reward", _text(t.score.reward)), ("outcome", _text(t.score.outcome)),
-        ("has_error", _text(t.execution.has_error)), ("is_truncated", _text(t.execution.is_truncated)),
-        ("duration_ms", str(t.duration_ms)), ("total_tokens", str(t.total_tokens)),
-        ("size_bytes", str(t.size_bytes)),
-        ("context", ", ".join(f"{k}={v}" for k, v in sorted(t.context.items())) or "-"),
-    ]  # fmt: skip
 
 
 def _get(api: ReadAPI, args: argparse.Namespace) -> None:
     if args.raw:
         document = api.get_raw(args.trace_id)
         sys.stdout.flush()
-        sys.stdout.buffer.write(document)
+        # A pipe write cut short (its reader went, a signal came) returns a short
+        # count, not an error: write the rest, so a closed pipe raises instead.
+        rest = memoryview(document)
+        while rest:
+            rest = rest[sys.stdout.buffer.write(rest):]
         sys.stdout.buffer.flush()
         return
     summary = api.get(args.trace_id)
     if args.json:
-        _print_json(summary.to_dict())
+        print_json(summary.to_dict())
         return
-    print(_table(_summary_lines(summary)))
+    print(table(summary_lines(summary)))
 
 
 def _download(api: ReadAPI, args: argparse.Namespace) -> None:
     path = api.download_raw(args.trace_id, args.dest)
-    print(f"saved {path} ({path.stat().st_size} bytes)")
+    size = path.stat().st_size
+    if args.json:
+        print_json({"trace_id": args.trace_id, "path": str(path), "size_bytes": size})
+        return
+    print(f"saved {path} ({size} bytes)")
 
 
 def _delete(api: ReadAPI, args: argparse.Namespace) -> None:
     api.delete(args.trace_id, created_at=args.created_at)
+    if args.json:
+        print_json({"deleted": "trace", "trace_id": args.trace_id, "created_at": args.created_at})
+        return
     print(f"deleted trace {args.trace_id}")
 
 
 def _delete_run(api: ReadAPI, args: argparse.Namespace) -> None:
-    api.delete_run(args.run_id)
+    assert isinstance(api, TracesClient)
+    # A person at a terminal gets a last look; a script (stdin not a terminal) does not.
+    if not args.yes and sys.stdin is not None and sys.stdin.isatty():
+        _confirm(f"delete every trace of run {args.run_id} on {api.config.base_url}? [y/N] ")
+    api.delete_run(args.run_id)  # the service answers 202 with no body: nothing more to report
+    if args.json:
+        print_json({"deleted": "run", "run_id": args.run_id})
+        return
     print(f"deleted the traces of run {args.run_id}")
+
+
+def _confirm(question: str) -> None:
+    """Ask on stderr (stdout may be a pipe); anything but y or yes, end of input included, aborts."""
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise _Aborted("aborted")

@@ -1,20 +1,38 @@
 """The ``prime-traces`` command line: ``serve`` runs the local Traces service; the
-other commands (``upload``, ``list``, ``get``, ...) talk to a Traces service."""
+other commands (``upload``, ``list``, ``get``, ...) talk to a Traces service.
+
+The rules every command follows (:mod:`prime_traces._cli_output` has them):
+results on stdout, with ``--json`` as one JSON document; errors on stderr as
+one line, ``prime-traces: <message>``, plus a JSON error document on stdout
+under ``--json``. Exit status: 0 on success; 1 on failure (2 when ``serve``
+cannot start); 2 for a bad command line, refused before any request; 130 on
+Ctrl-C; 141 when stdout's reader went away (``| head``), which ends quietly.
+``--log-level`` (default WARNING) comes before the command; ``serve
+--log-level`` is accepted too. Logging is configured once, here.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
 from typing import Any
 
+from prime_traces._cli_output import (
+    EXIT_USAGE,
+    Parser,
+    configure_logging,
+    log_level,
+    parse_command_line,
+    run_until_closed_pipe,
+)
 from prime_traces._version import __version__
 from prime_traces.server._faults import DEFAULT_SATURATED_RETRY_AFTER_S, FAIL_STATUSES
 
 SERVE_API_KEY_ENV = "PRIME_TRACES_SERVE_API_KEY"
 DEFAULT_DB_PATH = "prime-traces.db"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def _add_serve(sub: Any) -> None:
@@ -60,27 +78,28 @@ def _add_serve(sub: Any) -> None:
                    help="close the next N upload connections after reading the body")  # fmt: skip
     f.add_argument("--drop-before-commit", action="store_true",
                    help="with --drop-after-body: drop before committing (default: after)")  # fmt: skip
-    p.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    # Kept from before --log-level moved up to prime-traces itself: it wins when given.
+    p.add_argument("--log-level", dest="serve_log_level", type=log_level, default=None,
+                   help="the same as prime-traces --log-level")  # fmt: skip
     p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from prime_traces.server import LocalTracesService
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = args.api_key or os.environ.get(SERVE_API_KEY_ENV) or None
-    options: dict[str, Any] = dict(
-        host=args.host, port=args.port, api_key=api_key,
-        max_uploads_in_flight=args.max_uploads_in_flight, store=args.store,
-        validate=args.validate, saturated_retry_after_s=args.saturated_retry_after_s,
-        latency_ms=args.latency_ms, bandwidth_mb_s=args.bandwidth_mb_s,
-        fail_fraction=args.fail_fraction, fail_count=args.fail_count,
-        fail_status=args.fail_status, fail_retry_after_s=args.fail_retry_after_s,
-        reject_marker=args.reject_marker, reject_omit_line=args.reject_omit_line,
-        reject_first_only=args.reject_first_only,
-        hang_uploads=args.hang_uploads, drop_after_body=args.drop_after_body,
-        drop_after_commit=not args.drop_before_commit,
-    )  # fmt: skip
+    options: dict[str, Any] = {
+        "host": args.host, "port": args.port, "api_key": api_key,
+        "max_uploads_in_flight": args.max_uploads_in_flight, "store": args.store,
+        "validate": args.validate, "saturated_retry_after_s": args.saturated_retry_after_s,
+        "latency_ms": args.latency_ms, "bandwidth_mb_s": args.bandwidth_mb_s,
+        "fail_fraction": args.fail_fraction, "fail_count": args.fail_count,
+        "fail_status": args.fail_status, "fail_retry_after_s": args.fail_retry_after_s,
+        "reject_marker": args.reject_marker, "reject_omit_line": args.reject_omit_line,
+        "reject_first_only": args.reject_first_only,
+        "hang_uploads": args.hang_uploads, "drop_after_body": args.drop_after_body,
+        "drop_after_commit": not args.drop_before_commit,
+    }  # fmt: skip
     if args.max_body_bytes is not None:
         options["max_body_bytes"] = args.max_body_bytes
     # Block the stop signals before any service thread exists (threads inherit
@@ -104,8 +123,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prime-traces", description="Prime Traces client and local service.")
+    parser = Parser(prog="prime-traces", description="Prime Traces client and local service.")
     parser.add_argument("--version", action="version", version=f"prime-traces {__version__}")
+    parser.add_argument("--log-level", type=log_level, default="WARNING",
+                        help="logging level, on stderr (default: WARNING)")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(sub)
     from prime_traces._cli_client import add_client_commands
@@ -115,11 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit status (a bad command line raises SystemExit(2), as argparse does)."""
+    return run_until_closed_pipe(lambda: _run(sys.argv[1:] if argv is None else list(argv)))
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
-        return 2
+        return EXIT_USAGE
+    configure_logging(getattr(args, "serve_log_level", None) or args.log_level, LOG_FORMAT)
     return int(args.func(args))
 
 

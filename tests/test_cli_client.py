@@ -11,7 +11,7 @@ import orjson
 import pytest
 from _upload_helpers import make_trace, upload
 
-from prime_traces.cli import main
+from prime_traces.cli import build_parser, main
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(60)
@@ -169,3 +169,108 @@ def test_upload_keeps_a_whole_last_line_without_its_newline(svc, capsys, tmp_pat
     code, _out, err = run(svc, capsys, "upload", str(path))
     assert (code, err) == (0, "")
     assert run(svc, capsys, "get", "v-2")[0] == 0
+
+
+# -- --json on every command, failures included -------------------------------------
+
+
+def test_download_and_the_deletes_print_one_json_document(svc: LocalTracesService,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    dest = tmp_path / "t-1.json"
+    code, out, err = run(svc, capsys, "download", "t-1", str(dest), "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"trace_id": "t-1", "path": str(dest), "size_bytes": dest.stat().st_size}
+
+    code, out, err = run(svc, capsys, "delete", "t-1", "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"deleted": "trace", "trace_id": "t-1", "created_at": None}
+    code, out, err = run(svc, capsys, "delete-run", "run-1", "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {"deleted": "run", "run_id": "run-1"}
+
+
+@pytest.mark.parametrize("argv, code, status", [
+    (["get", "missing"], "trace_not_found", 404),
+    (["download", "missing", "DEST"], "trace_not_found", 404),
+    (["delete", "missing"], "trace_not_found", 404),
+    (["delete-run", "no-such-run"], "run_not_found", 404),
+    (["list", "--cursor", "not-a-cursor"], "invalid_cursor", 400),
+    (["upload", "no-such-file.jsonl"], None, None),
+], ids=["get", "download", "delete", "delete-run", "list", "upload"])  # fmt: skip
+def test_a_failure_under_json_is_an_error_document_and_one_line_on_stderr(svc, capsys, tmp_path, argv, code, status):
+    argv = [str(tmp_path / a) if a in ("DEST", "no-such-file.jsonl") else a for a in argv]
+    exit_status, out, err = run(svc, capsys, *argv, "--json")
+    assert exit_status == 1
+    error = json.loads(out)["error"]
+    assert (error["code"], error["status"]) == (code, status)
+    assert err == f"prime-traces: {error['message']}\n"
+    assert "Traceback" not in err
+
+
+def test_a_wrong_key_under_json_is_neither_in_the_document_nor_on_stderr(svc, capsys):
+    wrong = "pk-wrong-key-987654"
+    code = main(["list", "--json", "--api-key", wrong, "--base-url", svc.url])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert json.loads(out)["error"]["status"] == 401 and err.startswith("prime-traces: HTTP 401")
+    assert wrong not in out + err and KEY not in out + err
+
+
+# -- what can be checked locally is, before any request ------------------------------
+
+
+def refused(svc: LocalTracesService, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
+    """``main(argv)`` must exit 2 on the command line alone: no request reaches ``svc``."""
+    before = svc.stats()["requests"]
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--api-key", KEY, "--base-url", svc.url])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2
+    assert svc.stats()["requests"] == before
+    assert KEY not in out + err
+    return out, err
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["list", "--limit", "0"], "argument --limit: must be between 1 and 100, not 0"),
+    (["list", "--limit", "101"], "argument --limit: must be between 1 and 100, not 101"),
+    (["list", "--limit", "ten"], "argument --limit: expected an integer, got 'ten'"),
+    (["list", "--created-after", "yesterday"], "argument --created-after: expected an ISO 8601 time"),
+    (["list", "--created-before", "2026-13-01T00:00:00Z"], "argument --created-before: expected an ISO 8601"),
+    (["list", "--reward-min", "0.9", "--reward-max", "0.1"], "--reward-min 0.9 is above --reward-max 0.1"),
+    (["list", "--reward-max", "nan"], "argument --reward-max: expected a finite number, got 'nan'"),
+    (["list", "--sort", "created_at desc"], "argument --sort: expected a sort key without blanks"),
+    (["list", "--sort", ""], "argument --sort: expected a sort key without blanks"),
+    (["delete", "t-1", "--created-at", "noon"], "argument --created-at: expected an ISO 8601 time"),
+    (["upload", "x.jsonl", "--max-in-flight", "9"], "argument --max-in-flight: must be between 1 and 8, not 9"),
+])  # fmt: skip
+def test_bad_arguments_exit_2_before_any_request(svc, capsys, argv, problem):
+    out, err = refused(svc, capsys, *argv)
+    assert out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith("usage: prime-traces ")
+    assert lines[-1].startswith(f"prime-traces {argv[0]}: error: {problem}")
+
+    out, err = refused(svc, capsys, *argv, "--json")
+    error = json.loads(out)["error"]
+    assert error["message"].startswith(problem) and (error["code"], error["status"]) == (None, None)
+    assert err.splitlines()[-1] == f"prime-traces {argv[0]}: error: {error['message']}"
+
+
+def test_arguments_that_pass_the_local_checks_reach_the_service(svc, capsys):
+    code, out, err = run(svc, capsys, "list", "--created-after", "2020-01-01T00:00:00Z", "--created-before",
+                         "2100-01-01T00:00:00+00:00", "--reward-min", "0.5", "--reward-max", "0.5",
+                         "--limit", "100", "--json")  # fmt: skip
+    assert (code, err) == (0, "")
+    assert [t["trace_id"] for t in json.loads(out)["items"]] == ["t-1"]
+
+
+def test_log_level_is_an_option_of_prime_traces_and_still_of_serve(svc, capsys):
+    # (Its effect on the log is shown in a process of its own: test_cli_processes.py.)
+    assert main(["--log-level", "info", "get", "t-3", "--api-key", KEY, "--base-url", svc.url]) == 0
+    args = build_parser().parse_args(["serve", "--log-level", "debug"])
+    assert (args.serve_log_level, args.log_level) == ("DEBUG", "WARNING")
+    with pytest.raises(SystemExit) as stop:
+        main(["--log-level", "chatty", "list"])
+    assert stop.value.code == 2 and "argument --log-level: unknown level 'chatty'" in capsys.readouterr().err

@@ -282,6 +282,22 @@ def test_ls_shows_what_is_left_and_when_it_was_synced(isolated, service, capsys,
     assert row["last_sync"] is not None
 
 
+def test_ls_failures_are_one_line_on_stderr_and_under_json_an_error_document(tmp_path, capsys):
+    missing = str(tmp_path / "missing")
+    capsys.readouterr()
+    assert cli.main(["ls", missing]) == 2
+    assert capsys.readouterr() == ("", f"prime-runs: no such directory: {missing}\n")
+    assert cli.main(["ls", missing, "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert orjson.loads(out) == {"error": {"message": f"no such directory: {missing}", "code": None, "status": None}}
+    assert err == f"prime-runs: no such directory: {missing}\n"
+    with pytest.raises(SystemExit) as stop:  # a bad command line: argparse's exit status and message
+        cli.main(["ls", "a", "b", "--json"])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and orjson.loads(out)["error"]["message"] == "unrecognized arguments: b"
+    assert err.splitlines()[-1] == "prime-runs: error: unrecognized arguments: b"
+
+
 def test_a_run_whose_process_died_is_listed_and_synced_as_crashed(isolated, service, capsys):
     run = offline(isolated / "runs", name="died")
     run.log_episodes(episodes("e", 2))
