@@ -323,6 +323,29 @@ class RunSummary(_Model):
     error: str | None = _lifecycle(_str)
     created_at: datetime | None = _lifecycle(_datetime)
     finished_at: datetime | None = _lifecycle(_datetime)
+    #: Per metric name: ``last``, ``min``, ``max``, ``count``, ``last_step`` (the metrics history, §9).
+    metrics: Any = _lifecycle(lambda value, path: value)
+
+
+def _metrics(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ResponseFormatError(path, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class MetricRow(_Model):
+    """One row of a run's metrics history: values as the contract carries them (NaN as ``"NaN"``)."""
+
+    step: int | None = _req(_opt(_int))
+    time: float = _req(_float)
+    metrics: dict[str, Any] = _req(_metrics)
+
+
+@dataclass(frozen=True)
+class MetricsPage(_Model):
+    rows: tuple[MetricRow, ...] = _req(_tuple_of(_nested(MetricRow)))
+    next_cursor: str | None = _req(_opt(_str))
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from prime_traces._models import (
     EpisodeDetail,
     EpisodeListPage,
     EpisodeSummary,
+    MetricRow,
+    MetricsPage,
     ResponseFormatError,
     RunListPage,
     RunStepList,
@@ -67,6 +69,7 @@ EPISODE_FILTERS = frozenset({
     "step_max", "created_after", "created_before", "context", "limit", "cursor",
 })  # fmt: skip
 RUN_FILTERS = frozenset({"run_type", "created_by", "created_after", "created_before", "limit", "cursor"})
+METRIC_FILTERS = frozenset({"names", "min_step", "max_step", "limit", "cursor"})
 
 _RAW = (("raw", "true"),)
 M = TypeVar("M", bound=_Model)
@@ -394,6 +397,32 @@ class ReadAPI:
     def get_run(self, run_id: str) -> RunSummary:
         """The summary of the run ``run_id``; :class:`NotFoundError` if it is unknown."""
         return self._get_model(RunSummary, self._url("runs", run_id))
+
+    def list_metrics(self, run_id: str, **filters: Any) -> MetricsPage:
+        """One page of the run's metrics history (contract §9), in step order.
+
+        Filters: ``names`` (list or comma-separated: only these metrics),
+        ``min_step`` / ``max_step`` (inclusive), ``limit`` (1..10,000, default
+        1,000), ``cursor``. :class:`NotFoundError` for an unknown run.
+        """
+        filters = dict(filters)
+        if isinstance(filters.get("names"), (list, tuple)):
+            filters["names"] = ",".join(filters["names"])
+        params = _query("list_metrics", filters, METRIC_FILTERS)
+        return self._get_model(MetricsPage, self._url("runs", run_id, "metrics"), params)
+
+    def iter_metrics(self, run_id: str, **filters: Any) -> Iterator[MetricRow]:
+        """Every row of the run's metrics history (as :meth:`list_metrics`), fetching pages lazily."""
+        _query("iter_metrics", filters, METRIC_FILTERS)
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = self.list_metrics(run_id, **filters, cursor=cursor)
+            yield from page.rows
+            if not page.next_cursor:
+                return
+            if page.next_cursor == cursor:
+                raise ResponseFormatError("MetricsPage", "next_cursor repeats the cursor just sent")
+            cursor = page.next_cursor
 
     def get_run_steps(self, run_id: str) -> RunStepList:
         """Per-step counts of the run ``run_id`` (empty, not an error, for an unknown run)."""

@@ -440,3 +440,27 @@ def test_get_raw_and_list_are_retried_too(stub: Any, make_api: Any) -> None:
     assert [t.trace_id for t in api.list(has_error=False, context={"a.b": "c d"}).items] == ["t-1"]
     assert server.requests[-1][1] == "/api/v1/traces?has_error=false&context.a.b=c+d"
     assert len(sleeps) == 2
+
+
+def test_the_metrics_history_pages_back_in_step_order_with_its_summary(service: Any, api: ReadAPI) -> None:
+    import requests
+
+    headers = {"Authorization": f"Bearer {DEFAULT_TOKEN}"}
+    run_id = requests.post(f"{service.url}/api/v1/runs", json={"name": "m", "kind": "train"}, headers=headers,
+                           timeout=10).json()["id"]  # fmt: skip
+    rows = [{"step": s, "time": 1.0 + s, "metrics": {"reward": s / 10, "loss": "NaN" if s == 7 else 1 / (s + 1)}}
+            for s in reversed(range(25))]  # fmt: skip
+    assert requests.post(f"{service.url}/api/v1/runs/{run_id}/metrics", json={"rows": rows}, headers=headers,
+                         timeout=10).json() == {"accepted": 25}  # fmt: skip
+    got = list(api.iter_metrics(run_id, names=["reward"], limit=4))  # seven pages
+    assert [r.step for r in got] == list(range(25))
+    assert [r.metrics for r in got] == [{"reward": s / 10} for s in range(25)]
+    page = api.list_metrics(run_id, min_step=7, max_step=7)
+    assert [(r.step, r.metrics["loss"]) for r in page.rows] == [(7, "NaN")] and page.next_cursor is None
+    summary = api.get_run(run_id).metrics
+    assert summary["reward"] == {"last": 2.4, "min": 0.0, "max": 2.4, "count": 25, "last_step": 24}
+    assert summary["loss"]["count"] == 25 and summary["loss"]["min"] == 1 / 25
+    with pytest.raises(TypeError, match="unknown filter"):
+        api.list_metrics(run_id, step=3)
+    with pytest.raises(NotFoundError):
+        api.list_metrics("no-such-run")

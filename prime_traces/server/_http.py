@@ -41,6 +41,7 @@ ACCEPT_ENCODING = "zstd, gzip"
 # be reused; a larger one is cut off with the connection.
 _DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 _DRAIN_CHUNK_BYTES = 1 << 20
+DEFAULT_MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
 
 
 class HTTPError(Exception):
@@ -137,10 +138,11 @@ class Request:
         self.handler.body_read = True
         return throttled_read(self.handler.rfile.readinto, length, bandwidth_mb_s)
 
-    def json_body(self) -> Any:
+    def json_body(self, max_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES) -> Any:
+        """The JSON body of a run request; 400 ``invalid_run`` if too large or not JSON."""
         length = self.body_length() or 0
-        if length > 16 * 1024 * 1024:
-            raise HTTPError(400, ErrorCode.INVALID_RUN, "request body over 16 MiB")
+        if length > max_bytes:
+            raise HTTPError(400, ErrorCode.INVALID_RUN, f"request body over {max_bytes >> 20} MiB")
         raw = self.read_body(length)
         try:
             return orjson.loads(raw) if raw else {}

@@ -25,6 +25,9 @@ Choices where the contracts leave room:
   still apply, so a retried final PATCH is harmless); another status is 409
   ``run_finished`` and changes nothing. ``error`` needs a terminal status.
   A run known only from traces gets its lifecycle row on its first PATCH.
+- ``GET /runs/{id}`` adds ``metrics``, the summary of the run's metrics
+  history (``_metrics.metrics_summary``; ``{}`` without one); the runs list
+  does not carry it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import orjson
 from prime_traces.errors import ErrorCode
 from prime_traces.server import _models as m
 from prime_traces.server._http import HTTPError, Request, Response, json_response, route
+from prime_traces.server._metrics import metrics_summary
 from prime_traces.server._reads import keyset_page
 
 logger = logging.getLogger(__name__)
@@ -136,10 +140,12 @@ def _summary_row(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
 def get_run(req: Request) -> Response:
     run_id = req.params["run_id"]
     with req.state.store.reader() as conn:
+        conn.execute("BEGIN")  # the summary and its metrics from one snapshot
         row = _summary_row(conn, run_id)
-    if row is None:
-        raise HTTPError(404, ErrorCode.RUN_NOT_FOUND, f"run {run_id!r} not found")
-    return json_response(200, m.run_summary(row))
+        if row is None:
+            raise HTTPError(404, ErrorCode.RUN_NOT_FOUND, f"run {run_id!r} not found")
+        metrics = metrics_summary(conn, run_id)
+    return json_response(200, {**m.run_summary(row), "metrics": metrics})
 
 
 def get_run_steps(req: Request) -> Response:

@@ -68,9 +68,9 @@ def is_loopback(host: str) -> bool:
 
 
 def all_routes() -> list[Route]:
-    from prime_traces.server import _reads, _runs, _upload
+    from prime_traces.server import _metrics, _reads, _runs, _upload
 
-    return [*_upload.ROUTES, *_runs.ROUTES, *_reads.ROUTES]
+    return [*_upload.ROUTES, *_runs.ROUTES, *_metrics.ROUTES, *_reads.ROUTES]
 
 
 class LocalTracesService:

@@ -6,7 +6,9 @@ stream never holds up ingest. WAL mode lets both proceed at once.
 
 Times are stored as epoch seconds (REAL); documents live in their own tables
 (``trace_docs``, ``episode_docs``) so that list queries never page through
-multi-megabyte blobs.
+multi-megabyte blobs. A run's metrics history (``run_metrics``) holds one row
+per stepped ``(run_id, step)`` (the unique index; SQLite's NULLs are
+distinct, so unstepped rows may repeat), its metrics a JSON object in text.
 """
 
 from __future__ import annotations
@@ -107,6 +109,15 @@ CREATE TABLE IF NOT EXISTS runs (
     finished_at REAL,
     created_by  TEXT
 );
+CREATE TABLE IF NOT EXISTS run_metrics (
+    seq     INTEGER PRIMARY KEY,
+    run_id  TEXT NOT NULL,
+    step    INTEGER,
+    time    REAL NOT NULL,
+    metrics TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS run_metrics_step ON run_metrics (run_id, step);
+CREATE INDEX IF NOT EXISTS run_metrics_unstepped ON run_metrics (run_id, time) WHERE step IS NULL;
 """
 
 TRACE_COLUMNS = (
