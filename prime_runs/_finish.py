@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from prime_runs import _interrupt
 from prime_runs._lifecycle import describe
+from prime_runs._sparkline import metric_line
 from prime_runs._summary import FinishProgress, record_counts, summary_lines
 from prime_traces._pool import run_in_daemon
 
@@ -53,6 +54,9 @@ def finish_run(self: Run, status: str, error: str | BaseException | None, deadli
     """Flush (bounded), record the terminal status and ``run.json``, tell the user; ``finish()``'s body."""
     reserve = min(_STATUS_RESERVE_MAX_S, timeout * _STATUS_RESERVE_FRACTION)
     self.console.finishing = True
+    metrics = self._metrics
+    if metrics is not None:
+        metrics.finish_by(deadline - reserve)  # its rows go out beside the records' drain
     if self._worker is not None:
         worker = self._worker
         progress = FinishProgress(self.console, worker.stats, lambda: worker.meter.mean_bytes)
@@ -70,6 +74,9 @@ def finish_run(self: Run, status: str, error: str | BaseException | None, deadli
             with self._lock:
                 self.summary.update(record_counts(worker.stats(), self.mode))
                 self._dirty["summary"] = True
+    if metrics is not None:
+        # What the lane did not send by now is written to the run directory (bounded by the disk).
+        metrics.close(deadline - reserve if not self._stop_requested else time.monotonic())
     if self._stop_requested:
         status, error = "cancelled", "interrupted: finish() stopped waiting for the service (Ctrl-C)"
         self.console.say("stopped waiting (Ctrl-C): what was not uploaded is being written to disk")
@@ -98,9 +105,11 @@ def _tell_the_user(self: Run) -> None:
     console.close()
     if not console.enabled or self._worker is None:
         return
+    history = self.history
+    charts = [metric_line(name, *history.series(name)) for name in history.points]
     lines = summary_lines(name=self.name, run_id=self.id, mode=self.mode, status=self.status,
-                          stats=self._worker.stats(), elapsed_s=time.monotonic() - self._started,
-                          directory=self.dir)  # fmt: skip
+                          stats=self.stats(), elapsed_s=time.monotonic() - self._started,
+                          directory=self.dir, charts=charts)  # fmt: skip
     for line in lines:
         console.say("%s", line)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -20,12 +21,14 @@ from prime_runs._lifecycle import (
     rank_info,
     resolve_mode,
 )
+from prime_runs._metrics_lane import MetricsLane
 from prime_runs._queue import (
     DEFAULT_MAX_QUEUED_BYTES,
     DEFAULT_MAX_QUEUED_RECORDS,
     SizeMeter,
 )
 from prime_runs._rundir import RunDirectory, check_run_id, runs_root
+from prime_runs._segments import METRICS
 from prime_runs._spool import RecordFiles, Spool
 from prime_runs._summary import destination_line
 from prime_runs._worker import DEFAULT_SPILL_TIMEOUT_S, UploadWorker
@@ -34,6 +37,7 @@ from prime_runs.run import ON_ERROR, Run
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, TracesClient
 from prime_traces._compress import COMPRESSION_CHOICES
 from prime_traces._config import DEFAULT_BASE_URL, resolve_config
+from prime_traces._transport import Transport
 from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 
 logger = logging.getLogger(__name__)
@@ -163,9 +167,12 @@ def _offline(root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[
     run_id = ranks.run_id or new_run_id()
     rundir = _open_directory(root, run_id)
     stamp = RunStamp(run_id, common["kind"])
-    sink = DiskSink(RecordFiles(rundir.path), stamp, meter)
+    files = RecordFiles(rundir.path)
+    sink = DiskSink(files, stamp, meter)
     worker = UploadWorker([sink], **worker_options)
-    run = Run(run_id=run_id, url=None, worker=worker, lifecycle=None, owner=ranks.owner, rundir=rundir, **common)
+    metrics = MetricsLane(send=None, writer=functools.partial(files.writer, METRICS))
+    run = Run(run_id=run_id, url=None, worker=worker, lifecycle=None, owner=ranks.owner, rundir=rundir,
+              metrics=metrics, **common)  # fmt: skip
     worker.on_error = run._note_error
     worker.tick = run._tick
     run._keep_locally()
@@ -211,8 +218,12 @@ def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_
     if save_local:
         sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
     worker = UploadWorker(sinks, **worker_options)
+    # Its own transport (sessions, connections): metrics never wait behind the episodes' requests.
+    transport = Transport(client.config)
+    metrics = MetricsLane(send=functools.partial(RunLifecycle(transport).post_metrics, run_id),
+                          writer=functools.partial(files.writer, METRICS), on_closed=transport.close)  # fmt: skip
     run = Run(run_id=run_id, url=url, worker=worker, lifecycle=lifecycle, owner=ranks.owner, rundir=rundir,
-              service_url=settings.base_url, **common)  # fmt: skip
+              service_url=settings.base_url, metrics=metrics, **common)  # fmt: skip
     worker.on_error = run._note_error
     worker.tick = run._tick
     files.on_first_write = run._directory_needed

@@ -135,6 +135,10 @@ class RunLifecycle:
                 body["error"] = error
         return self._send("PATCH", api_url(self.base_url, "runs", run_id), body, timeout_s)
 
+    def post_metrics(self, run_id: str, rows: list[dict[str, Any]], timeout_s: float | None = None) -> dict[str, Any]:
+        """Append rows to the run's metrics history (contract §9); a replay changes nothing."""
+        return self._send("POST", api_url(self.base_url, "runs", run_id, "metrics"), {"rows": rows}, timeout_s)
+
     def _send(self, method: str, url: str, body: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
         resp = self.transport.request(
             method,

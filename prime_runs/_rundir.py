@@ -29,7 +29,13 @@ from typing import Any
 import orjson
 
 from prime_runs._segment_reader import Scan, scan
-from prime_runs._segments import DATA_KINDS, REJECTED, fsync_directory, segment_files
+from prime_runs._segments import (
+    DATA_KINDS,
+    METRICS,
+    REJECTED,
+    fsync_directory,
+    segment_files,
+)
 from prime_runs.errors import PrimeRunsError
 from prime_traces._pool import call_in_forked_child
 
@@ -256,11 +262,14 @@ class RunDirectory:
     def rejected_segments(self) -> list[str]:
         return segment_files(self.path, (REJECTED,))
 
+    def metrics_segments(self) -> list[str]:
+        return segment_files(self.path, (METRICS,))
+
     def recover(self) -> list[Scan]:
         """Cut torn tails off every segment no live process holds; the scans of those that had one."""
         torn = []
         for directory in (self.path, self.local_path):
-            for path in segment_files(directory, (*DATA_KINDS, REJECTED)):
+            for path in segment_files(directory, (*DATA_KINDS, REJECTED, METRICS)):
                 try:
                     result = scan(path, repair=True)
                 except OSError as err:

@@ -49,6 +49,8 @@ SUFFIX = ".jsonl.zst"
 #: Kinds of segment: records to upload (by line format), and records set aside.
 DATA_KINDS = ("episode", "trace")
 REJECTED = "rejected"
+#: A run's metrics history rows (``{step, time, metrics}``), kept offline or when the service did not take them.
+METRICS = "metrics"
 #: A segment rolls over to the next file once it is this large.
 DEFAULT_MAX_SEGMENT_BYTES = 128 * 1024**2
 #: Lines are cut into frames of about this many uncompressed bytes (a batch entry is never cut).

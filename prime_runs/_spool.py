@@ -26,7 +26,14 @@ from typing import Any
 import orjson
 
 from prime_runs._encoding import EncodedWrite, RunStamp, as_mapping
-from prime_runs._segments import DATA_KINDS, REJECTED, Frame, SegmentWriter, frames_of
+from prime_runs._segments import (
+    DATA_KINDS,
+    METRICS,
+    REJECTED,
+    Frame,
+    SegmentWriter,
+    frames_of,
+)
 from prime_runs._sink import Ledger, Rejection, Undelivered
 
 logger = logging.getLogger(__name__)
@@ -49,7 +56,7 @@ class RecordFiles:
         self.directory = directory
         self.on_first_write = on_first_write
         options = {"max_segment_bytes": max_segment_bytes} if max_segment_bytes else {}
-        self._writers = {kind: SegmentWriter(directory, kind, **options) for kind in (*DATA_KINDS, REJECTED)}
+        self._writers = {kind: SegmentWriter(directory, kind, **options) for kind in (*DATA_KINDS, REJECTED, METRICS)}
         self._announced = False
         self._lock = threading.Lock()
 

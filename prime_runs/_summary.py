@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prime_runs._console import Console, stderr_is_terminal
@@ -59,8 +59,8 @@ def _reasons(counter: Counter[str]) -> str:
 
 
 def summary_lines(*, name: str | None, run_id: str, mode: str, status: str, stats: dict[str, Any],
-                  elapsed_s: float, directory: str | None) -> list[str]:  # fmt: skip
-    """What finish() says: the outcome, what was lost and why, and what to do about it."""
+                  elapsed_s: float, directory: str | None, charts: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    """What finish() says: the outcome, the metrics' sparklines, what was lost and why, and what to do."""
     sinks = _sinks(stats)
     submitted = int(stats.get("submitted", 0))
     stored = sum(int(c["stored"]) for c in sinks.values())
@@ -73,12 +73,20 @@ def summary_lines(*, name: str | None, run_id: str, mode: str, status: str, stat
     dropped = Counter(stats.get("dropped", {}))
     where = os.path.abspath(directory) if directory else None
     head = f"run {_name(name, run_id)} {status} in {human_duration(elapsed_s)}: "
-    if mode == "offline":
+    if not submitted:
+        lines = [head + "no records logged"]
+    elif mode == "offline":
         lines = [head + f"{stored} of {submitted} records saved in {where}"]
     else:
         size = stored_bytes(stats)
         rate = f" at {human_bytes(size / elapsed_s)}/s" if elapsed_s > 0 and size else ""
         lines = [head + f"{stored} of {submitted} records stored ({human_bytes(size)}{rate})"]
+    lines += [f"  {chart}" for chart in charts]
+    rows = stats.get("metrics") or {}
+    not_sent = {k: rows.get(k, 0) for k in ("dropped", "failed", "spooled") if rows.get(k)}
+    if not_sent and mode != "offline":
+        lines.append(f"  metrics: {rows.get('stored', 0)} of {rows.get('logged', 0)} rows stored; "
+                     + ", ".join(f"{n} {k}" for k, n in not_sent.items()))  # fmt: skip
     if failed:
         lines.append(f"  {sum(failed.values())} not stored: {_reasons(failed)}")
         rejected = sum(n for r, n in failed.items() if r.startswith("rejected") or r in ("invalid_record",
@@ -91,9 +99,9 @@ def summary_lines(*, name: str | None, run_id: str, mode: str, status: str, stat
                      "/ max_queued_bytes, or log less often")  # fmt: skip
     if mode == "offline" and where:
         lines.append(f"  upload the run with: prime-runs sync {where}")
-    elif spooled and where:
-        remaining = Counter({r: n for r, n in kept.items()})
-        lines.append(f"  {spooled} not delivered ({_reasons(remaining)}) are kept in {where}")
+    elif (spooled or not_sent.get("spooled")) and where:
+        if spooled:
+            lines.append(f"  {spooled} not delivered ({_reasons(kept)}) are kept in {where}")
         lines.append(f"  upload them with: prime-runs sync {where}")
     resynced = sum(int(c.get("resynced", 0)) for c in sinks.values())
     if resynced:

@@ -22,7 +22,7 @@ from typing import Any
 from prime_runs._progress import Progress, human_bytes
 from prime_runs._rundir import RUN_FILE, RunDirectory, runs_root
 from prime_runs._segment_reader import scan
-from prime_runs._segments import DATA_KINDS, REJECTED, segment_files
+from prime_runs._segments import DATA_KINDS, METRICS, REJECTED, segment_files
 from prime_runs._sync import FileProgress, pending
 from prime_runs._sync_run import SyncReport, sync_run
 from prime_runs.errors import PrimeRunsError
@@ -66,7 +66,7 @@ def _fail(message: str) -> None:
 
 def is_run_directory(path: str) -> bool:
     return os.path.isfile(os.path.join(path, RUN_FILE)) or bool(
-        segment_files(path, (*DATA_KINDS, REJECTED))
+        segment_files(path, (*DATA_KINDS, REJECTED, METRICS))
     )
 
 
@@ -147,6 +147,8 @@ def _summary(report: SyncReport, url: str) -> str:
         text = f"{report.run_id}: {records(report.uploaded)} uploaded ({human_bytes(report.uploaded_bytes)}) to {url}"
     else:
         text = f"{report.run_id}: nothing new to upload to {url}"
+    if report.metric_rows:
+        text += f"; {report.metric_rows} metrics rows"
     if report.status:
         text += f"; status {report.status}"
     if report.left:

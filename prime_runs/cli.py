@@ -1,4 +1,4 @@
-"""The ``prime-runs`` command line: ``demo``, ``sync`` and ``ls``.
+"""The ``prime-runs`` command line: ``demo``, ``sync``, ``ls`` and ``show``.
 
 The rules every command follows (:mod:`prime_traces._cli_output` has them, for
 ``prime-traces`` too): results on stdout, with ``ls --json`` as one JSON
@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from prime_runs._demo import add_demo_command
+from prime_runs._show import add_show_command
 from prime_runs._sync_cli import add_sync_commands
 from prime_traces._cli_output import (
     EXIT_USAGE,
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_demo_command(sub)
     add_sync_commands(sub)
+    add_show_command(sub)
     return parser
 
 

@@ -15,6 +15,9 @@ from prime_runs import _interrupt
 from prime_runs._console import Console
 from prime_runs._finish import finish_run, interrupted_notice, live_runs
 from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
+from prime_runs._metric_values import History, flatten, to_wire
+from prime_runs._metric_values import row as metric_row
+from prime_runs._metrics_lane import MetricsLane
 from prime_runs._run_file import RunFile
 from prime_runs._rundir import RunDirectory
 from prime_runs._shutdown import ShutdownHooks
@@ -65,6 +68,7 @@ class Run:
         rundir: RunDirectory | None = None,
         service_url: str | None = None,
         console: Console | None = None,
+        metrics: MetricsLane | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -83,6 +87,10 @@ class Run:
         self._service_url = service_url
         self._finished_at: float | None = None
         self._started = time.monotonic()
+        self._metrics = metrics
+        self._next_step = 0
+        #: The history of the first metrics logged, for the sparklines of the finish summary.
+        self.history = History()
         #: What the run says on the terminal (``init(console=...)``).
         self.console = console if console is not None else Console(enabled=False)
         self._run_file = RunFile(rundir, self._document) if rundir is not None and owner else None
@@ -141,14 +149,48 @@ class Run:
         return self._worker.submit(records, line_format=line_format)
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Record scalars into the summary (last value wins); sent on a timer, never per call."""
+        """Append a row to the run's metrics history and update the summary's last values.
+
+        Nested dicts flatten with ``/`` (``train/loss``), keys become strings,
+        numpy / torch scalars (anything with ``.item()``) become numbers, and
+        NaN and the infinities are kept. A value that is not a scalar is left
+        out with one warning naming it; the rest of the row is logged. Without
+        ``step`` the row gets the run's next step (one past the highest so
+        far). Never blocks and never raises for a value: rows go to the
+        service on a lane of their own, at most every second.
+        """
         if self._finishing:
             self.console.warn_once("late-log", "run.log() was called after finish() of run %s: the values are "
                                    "kept in run.summary but not sent", self.id)  # fmt: skip
+        values, refused = flatten(metrics) if isinstance(metrics, Mapping) else ({}, ["the metrics (not a mapping)"])
+        for what in refused:
+            logger.warning("run.log(): %s is not logged; the rest of the row is", what)
+            self.console.warn_once(f"metric:{what}", "run.log(): %s is not logged; the rest of the row is", what)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            self.console.warn_once("metric-step", "run.log(): step=%r is not an integer; the run's next step is "
+                                   "used", step)  # fmt: skip
+            step, given = None, False
+        else:
+            given = step is not None
         with self._lock:
-            self.summary.update(metrics)
-            if step is not None:
-                self.summary["step"] = step
+            row_step = self._next_step if step is None else step
+            self._next_step = max(self._next_step, row_step + 1)
+            self.summary.update({name: to_wire(value) for name, value in values.items()})
+            if given:
+                self.summary["step"] = row_step
+            self._dirty["summary"] = True
+            self.history.add(row_step, values)
+        if values and self._metrics is not None:
+            self._metrics.add(metric_row(row_step, time.time(), values))
+        self._changed()
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """The published SDK's name for :meth:`log`."""
+        self.log(metrics, step=step)
+
+    def _merge_summary(self, values: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.summary.update(values)
             self._dirty["summary"] = True
         self._changed()
 
@@ -161,8 +203,8 @@ class Run:
             self._worker.start()
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
-        """Merge ``values`` into the summary (sent on a timer and at finish)."""
-        self.log(values)
+        """Merge ``values`` into the summary (sent on a timer and at finish); no history row."""
+        self._merge_summary(values)
 
     def update_config(self, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into the config (sent on a timer and at finish)."""
@@ -243,8 +285,11 @@ class Run:
     # -- waiting (bounded) ---------------------------------------------------
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until everything logged before the call is stored or accounted for."""
+        """Wait until everything logged before the call (records and metrics rows) is stored or accounted for."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         done = self._worker.flush(timeout_s) if self._worker is not None else True
+        if self._metrics is not None:
+            done = self._metrics.flush(deadline) and done
         self._raise_first_error()
         return done
 
@@ -274,7 +319,7 @@ class Run:
             if self._finishing:
                 return
             if summary:
-                self.log(summary)
+                self._merge_summary(summary)
             self._finishing = True
             finish_run(self, status, error, deadline, timeout)
         finally:
@@ -350,8 +395,11 @@ class Run:
             raise error
 
     def stats(self) -> dict[str, Any]:
-        """Queued, in flight, stored, dropped, failed by sink and reason, spooled, latency."""
-        return self._worker.stats() if self._worker is not None else {}
+        """Queued, in flight, stored, dropped, failed by sink and reason, spooled, latency; ``metrics`` rows."""
+        stats = self._worker.stats() if self._worker is not None else {}
+        if self._metrics is not None:
+            stats["metrics"] = self._metrics.stats()
+        return stats
 
     @property
     def dropped_records(self) -> int:

@@ -85,7 +85,8 @@ def test_the_init_line_and_the_summary_say_where_and_what(service, capsys):
     lines = console_lines(capsys.readouterr().err)
     assert lines[0] == f"{PREFIX}logging run 'test-run' (id {run.id}) to {service.url} (view at {run.url})"
     assert re.match(rf"^{PREFIX}run 'test-run' \(id {run.id}\) completed in 0:\d\d: 4 of 4 records stored \(", lines[1])
-    assert len(lines) == 2
+    assert lines[2] == f"{PREFIX}  reward            ▅  last 0.5  min 0.5  max 0.5  steps 1..1 (1)"
+    assert len(lines) == 3
     summary = get_run(service, run.id)["summary"]
     assert summary["_records/stored"] == 4 and summary["_records/failed"] == 0 and summary["reward"] == 0.5
 
