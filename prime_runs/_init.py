@@ -71,6 +71,7 @@ def init(
     save_local: bool = False,
     handle_signals: bool = True,
     console: str | None = None,
+    owner: bool | None = None,
 ) -> Run:
     """Start a run and return its :class:`Run`.
 
@@ -80,8 +81,16 @@ def init(
     written to its run directory, for ``prime-runs sync`` to upload later)
     or ``"disabled"`` (every call a no-op). ``PRIME_RUNS_MODE`` overrides the
     default; the argument overrides both. Online, the run is created on the
-    service, or attached to ``id`` / ``PRIME_RUN_ID``; with ``RANK`` set,
-    only rank 0 creates and finishes it.
+    service, or attached to ``id`` / ``PRIME_RUN_ID``.
+
+    Ownership: the process that owns the run creates it and records its
+    terminal status at ``finish()``. A process owns the run it starts, or
+    names with ``id=``; it does not own a run it attaches to through an
+    inherited ``PRIME_RUN_ID`` (an eval worker started by the training
+    process must not mark its parent's run completed), nor any run when
+    ``RANK`` is set and not 0. ``owner=True`` (or ``PRIME_RUN_OWNER=1``, for a
+    launcher that created the run for rank 0) and ``owner=False`` decide
+    explicitly.
 
     The run directory is ``<dir>/<run-id>/`` (``dir`` defaults to
     ``PRIME_RUNS_DIR``, else ``./prime-runs``). Online, it is created only
@@ -131,7 +140,7 @@ def init(
     if chosen == "disabled":
         console_on(console, mode=chosen, owner=False)  # a bad PRIME_RUNS_CONSOLE is an error in every mode
         return Run(run_id=id or "disabled", url=None, worker=None, lifecycle=None, owner=False, **common)
-    ranks = rank_info(id)
+    ranks = rank_info(id, owner=owner)
     common["console"] = Console(enabled=console_on(console, mode=chosen, owner=ranks.owner))
     if ranks.run_id is not None:
         check_run_id(ranks.run_id, "id=" if id else "PRIME_RUN_ID")

@@ -1,9 +1,10 @@
 """The run's lifecycle on the service (contract §9) and how a process finds its run.
 
 Online, rank 0 (or a process with no ``RANK``) creates the run, or attaches
-to ``id`` / ``PRIME_RUN_ID`` when given, and exports ``PRIME_RUN_ID`` so that
-processes it starts log into the same run. Other ranks attach to that id and
-only upload: they never create or finish the run.
+to ``id`` when given, and exports ``PRIME_RUN_ID`` so that processes it
+starts log into the same run. Other ranks, and processes that attach through
+an inherited ``PRIME_RUN_ID``, only upload: they never create or finish the
+run, unless told to own it (``init(owner=True)`` / ``PRIME_RUN_OWNER=1``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 ENV_RUN_ID = "PRIME_RUN_ID"
 ENV_RANK = "RANK"
+#: ``1`` makes the process own the run it attaches to (a launcher that created it for rank 0); ``0`` never.
+ENV_OWNER = "PRIME_RUN_OWNER"
 ENV_MODE = "PRIME_RUNS_MODE"
 MODES = ("online", "offline", "disabled")
 KINDS = ("train", "eval")
@@ -52,26 +55,48 @@ def export_run_id(run_id: str) -> None:
     _exported[run_id] = os.getpid()
 
 
-def rank_info(explicit_id: str | None, environ: Mapping[str, str] | None = None) -> RankInfo:
-    """Who owns the run: no ``RANK`` or ``RANK=0`` does; other ranks attach."""
+def _told(value: str | None) -> bool | None:
+    text = (value or "").strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def rank_info(explicit_id: str | None, environ: Mapping[str, str] | None = None, *,
+              owner: bool | None = None) -> RankInfo:  # fmt: skip
+    """Who owns the run, that is, creates it and records its terminal status.
+
+    ``owner`` (else ``PRIME_RUN_OWNER=1``/``0``) decides when given. Otherwise
+    a process with ``RANK`` other than 0 never owns the run, and neither does
+    a process that attaches to the run named by an inherited ``PRIME_RUN_ID``
+    (a worker started by the run's process, or rank 0 of a launcher that
+    created the run: that launcher says ``PRIME_RUN_OWNER=1``). A process that
+    starts a new run, or names one with ``id=``, owns it.
+    """
     env = os.environ if environ is None else environ
     raw = env.get(ENV_RANK)
     inherited = env.get(ENV_RUN_ID) or None
     if inherited is not None and _exported.get(inherited) == os.getpid():
         inherited = None
     run_id = explicit_id or inherited
-    if raw is None or raw.strip() == "":
-        return RankInfo(None, True, run_id)
-    try:
-        rank = int(raw)
-    except ValueError:
-        raise PrimeRunsError(f"{ENV_RANK}={raw!r} is not an integer") from None
-    if rank != 0 and run_id is None:
+    told = owner if owner is not None else _told(env.get(ENV_OWNER))
+    rank: int | None = None
+    if raw is not None and raw.strip() != "":
+        try:
+            rank = int(raw)
+        except ValueError:
+            raise PrimeRunsError(f"{ENV_RANK}={raw!r} is not an integer") from None
+    if rank not in (None, 0) and run_id is None:
         raise PrimeRunsError(
             f"{ENV_RANK}={rank} but no run to attach to: start this process from rank 0 after "
             f"prime_runs.init() (which exports {ENV_RUN_ID}), or pass id= / set {ENV_RUN_ID}"
         )
-    return RankInfo(rank, rank == 0, run_id)
+    if told is not None:
+        return RankInfo(rank, told, run_id)
+    attaching = explicit_id is None and inherited is not None
+    return RankInfo(rank, rank in (None, 0) and not attaching, run_id)
 
 
 def resolve_mode(mode: str | None, *, online_configured: bool, environ: Mapping[str, str] | None = None) -> str:
@@ -143,7 +168,9 @@ class RunLifecycle:
         resp = self.transport.request(
             method,
             url,
-            data=orjson.dumps(body, default=_jsonable),
+            # Whatever a user put in a config or summary: int keys, numpy scalars, sets. No value may stop
+            # the run's status from being recorded.
+            data=orjson.dumps(body, default=_jsonable, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY),
             headers={"Content-Type": "application/json"},
             timeout_s=timeout_s,
             whole=True,  # a trickled answer must not hold the run past its timeout

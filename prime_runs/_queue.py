@@ -1,10 +1,12 @@
 """The bounded queue between ``log_episodes`` and the upload worker.
 
 ``put`` never blocks and costs O(1) in the size of the records: it takes a
-lock only for bookkeeping, and refuses a write that does not fit (by record
-count, or by estimated bytes once the worker has measured some records). A
-write always fits an empty queue, so no single write is refused for its
-size alone. ``take`` is the worker's side: it waits on a condition, never
+lock only for bookkeeping, and refuses a write that does not fit, by record
+count (queued records), or by estimated bytes once the worker has measured
+some records: every record the run holds (queued, and taken by the worker
+but not yet stored, spooled or failed) times the meter's estimate, which
+follows growth at once. A write always fits when nothing is held, so no
+single write is refused for its size alone. ``take`` is the worker's side: it waits on a condition, never
 polls.
 """
 
@@ -24,19 +26,29 @@ DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
 
 
 class SizeMeter:
-    """Running mean of encoded record size, fed by the worker, read by ``put``.
+    """An estimate of the encoded size of the run's next records, fed by the worker, read by ``put``.
 
-    Only the worker thread writes it, and a float read is atomic under the
-    GIL, so it needs no lock (and a fork can never catch one held).
+    It reacts to growth at once (a record larger than the estimate becomes
+    the estimate) and decays toward smaller sizes by ``DECAY`` per record, so
+    a run whose records grow tenfold is bounded by their new size from the
+    first one the worker sees, and one outlier does not shrink the queue for
+    long. ``mean_bytes`` is the plain running mean, for reports. Only the
+    worker thread writes it, and a float read is atomic under the GIL, so it
+    needs no lock (and a fork can never catch one held).
     """
+
+    DECAY = 0.1
 
     def __init__(self) -> None:
         self.mean_bytes = 0.0
+        self.estimate_bytes = 0.0
         self._count = 0
 
     def observe(self, size_bytes: int) -> None:
         self._count += 1
         self.mean_bytes += (size_bytes - self.mean_bytes) / self._count
+        decayed = self.estimate_bytes + (size_bytes - self.estimate_bytes) * self.DECAY
+        self.estimate_bytes = max(float(size_bytes), decayed)
 
 
 @dataclass
@@ -80,6 +92,8 @@ class RecordQueue:
         self._writes: collections.deque[Write] = collections.deque()
         self.queued_records = 0
         self.queued_bytes = 0.0
+        #: Records the worker took and has not accounted for yet (in the byte bound too).
+        self.taken_records = 0
         self._next_seq = 1
         self._taken_seq = 0
         self._done_seq = 0
@@ -92,17 +106,21 @@ class RecordQueue:
         """Queue a write; ``(False, reason, call)`` when it does not fit (never waits).
 
         ``call`` numbers the calls of each line format from 1, accepted or not.
+        The byte bound covers every record the run holds: queued, and taken
+        by the worker but not yet accounted for, at the current estimate.
         """
         count = len(records)
+        size = self.meter.estimate_bytes
         est = count * self.meter.mean_bytes
         with self._cond:
             self._calls[line_format] += 1
             call = self._calls[line_format]
+            held = self.queued_records + self.taken_records
             if self._closed:
                 reason = "closed"
             elif self._writes and self.queued_records + count > self.max_records:
                 reason = "queue_full_records"
-            elif self._writes and est and self.queued_bytes + est > self.max_bytes:
+            elif held and size and (held + count) * size > self.max_bytes:
                 reason = "queue_full_bytes"
             else:
                 self._writes.append(Write(self._next_seq, records, line_format, est, count, call))
@@ -134,6 +152,7 @@ class RecordQueue:
                 size += write.est_bytes
                 self.queued_records -= write.count
                 self.queued_bytes -= write.est_bytes
+                self.taken_records += write.count
                 taken.append(write)
                 self._taken_seq = write.seq
             if not self._writes:
@@ -148,6 +167,7 @@ class RecordQueue:
             return
         with self._cond:
             self._done_seq = max(self._done_seq, writes[-1].seq)
+            self.taken_records = max(0, self.taken_records - sum(w.count for w in writes))
             self._cond.notify_all()
 
     def last_seq(self) -> int:
@@ -203,6 +223,7 @@ class RecordQueue:
         """Every write so far is accounted for (used once the queue is closed)."""
         with self._cond:
             self._done_seq = self._next_seq - 1
+            self.taken_records = 0
             self._cond.notify_all()
 
     def take_burst(self) -> DropBurst | None:

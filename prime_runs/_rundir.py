@@ -102,7 +102,7 @@ _locks = _Locks()
 
 def write_json_atomic(path: str, document: Any) -> None:
     """Replace ``path`` with ``document`` as JSON: the old file or the new one survives a crash, never a mix."""
-    data = orjson.dumps(document, option=orjson.OPT_INDENT_2, default=str) + b"\n"
+    data = orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY, default=str) + b"\n"
     directory = os.path.dirname(path) or "."
     with _locks.write:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=_TMP_SUFFIX, dir=directory)

@@ -169,8 +169,9 @@ class UploadWorker:
         if reason == "closed":
             return f"{what} came after finish(): its records are not logged"
         queue = self._queue
-        return (f"{what} dropped: the upload queue is full ({queue.queued_records} records, "
-                f"~{queue.queued_bytes / 1e6:.0f} MB waiting; max_queued_records={queue.max_records}, "
+        held = queue.queued_records + queue.taken_records
+        return (f"{what} dropped: the upload queue is full ({queue.queued_records} records queued, {held} held, "
+                f"~{held * self.meter.estimate_bytes / 1e6:.0f} MB; max_queued_records={queue.max_records}, "
                 f"max_queued_bytes={queue.max_bytes}); the service is slower than the run logs")  # fmt: skip
 
     def start(self) -> None:
@@ -362,12 +363,12 @@ class UploadWorker:
         loses only itself, as it would in encoding, and the next one decides.
         """
         skipped, line_format = 0, "trace"
-        first_error: Exception | None = None
+        first_error: BaseException | None = None
         for record in write.records:
             try:
                 line_format = "episode" if is_episode(record) else "trace"
                 break
-            except Exception as err:  # noqa: BLE001  (user code may raise anything)
+            except BaseException as err:  # noqa: BLE001  (user code may raise anything: the record fails alone)
                 first_error = first_error or err
                 skipped += 1
         why = None

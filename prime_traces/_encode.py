@@ -267,8 +267,9 @@ class _Chunker:
         self.out.write(b"]")
 
 
-def _from_to_json(record: object, index: int) -> bytes:
-    data = record.to_json()  # type: ignore[attr-defined]
+def _from_to_json(record: object, index: int, call: Any = None) -> bytes:
+    method = record.to_json  # type: ignore[attr-defined]
+    data = call(method, "to_json()") if call is not None else method()
     if isinstance(data, (str, bytearray, memoryview)):
         data = data.encode() if isinstance(data, str) else bytes(data)
     if not isinstance(data, bytes):
@@ -279,12 +280,51 @@ def _from_to_json(record: object, index: int) -> bytes:
     return data
 
 
+def _call(method: Any, _name: str) -> Any:
+    return method()
+
+
+def record_form(record: object, index: int, call: Any = _call) -> Mapping[str, Any] | bytes:
+    """The one rule for what a record is, wherever it is logged or uploaded.
+
+    A mapping is itself; otherwise its ``to_json()`` (bytes or str: one JSON
+    object on one line), returned as bytes to be used as they are; otherwise
+    its ``to_record()``, which must return a mapping. An object that offers
+    its own bytes is never re-encoded. ``call(method,
+    name)`` invokes the record's method (a caller may wrap what it raises).
+    """
+    if isinstance(record, Mapping):
+        return record
+    if callable(getattr(record, "to_json", None)):
+        return _from_to_json(record, index, call)
+    to_record = getattr(record, "to_record", None)
+    if callable(to_record):
+        mapped = call(to_record, "to_record()")
+        if not isinstance(mapped, Mapping):
+            raise TypeError(f"record {index}: to_record() returned {type(mapped).__name__}, expected a mapping")
+        return mapped
+    kind = type(record).__name__
+    raise TypeError(f"record {index}: {kind} is not a mapping and has no to_record() or to_json()")
+
+
+def is_episode(record: Any) -> bool:
+    """A mapping with a ``traces`` key, or an object with a ``traces`` attribute (contract §7)."""
+    if isinstance(record, Mapping):
+        return "traces" in record
+    if hasattr(record, "keys"):
+        try:
+            return "traces" in record  # type: ignore[operator]
+        except TypeError:
+            return False
+    return hasattr(record, "traces")
+
+
 class RecordEncoder:
     """Encode one record as the compact strict JSON of a line (without the newline).
 
-    A record is a mapping, an object whose ``to_record()`` returns one, or an
-    object whose ``to_json()`` returns its JSON object as bytes or str (used
-    as-is). ``encode`` blocks for about one ``orjson.dumps`` of the record, and
+    A record is a mapping, else an object whose ``to_json()`` returns its JSON
+    object as bytes or str (used as-is), else an object whose ``to_record()``
+    returns a mapping: :func:`record_form`, the rule ``prime_runs`` follows too. ``encode`` blocks for about one ``orjson.dumps`` of the record, and
     above ``chunk_threshold_bytes`` releases the GIL about every
     ``yield_interval_s``. An encoder holds only settings: share it between threads.
 
@@ -327,18 +367,10 @@ class RecordEncoder:
         record's JSON is written to memory once less.
         """
         if not isinstance(record, dict):
-            if callable(getattr(record, "to_json", None)):
-                return _from_to_json(record, index)
-            if callable(getattr(record, "to_record", None)):
-                mapped = record.to_record()  # type: ignore[attr-defined]
-                if not isinstance(mapped, Mapping):
-                    kind = type(mapped).__name__
-                    raise TypeError(f"record {index}: to_record() returned {kind}, expected a mapping")
-                record = mapped
-            elif not isinstance(record, Mapping):
-                kind = type(record).__name__
-                raise TypeError(f"record {index}: {kind} is not a mapping and has no to_record() or to_json()")
-            record = record if isinstance(record, dict) else dict(record)
+            form = record_form(record, index)
+            if isinstance(form, bytes):
+                return form
+            record = form if isinstance(form, dict) else dict(form)
         try:
             if _scan(record, self.chunk_threshold_bytes) <= self.chunk_threshold_bytes:
                 return orjson.dumps(record, default=_default, option=_OPTIONS)

@@ -16,13 +16,12 @@ from prime_traces._batching import (
 )
 from prime_traces._compress import DEFAULT_ZSTD_LEVEL, CodingSelector
 from prime_traces._config import READ_TIMEOUT_S, resolve_config
-from prime_traces._encode import encode_record_parts
+from prime_traces._encode import encode_record_parts, is_episode
 from prime_traces._models import UploadReceipt
 from prime_traces._pool import DaemonPool
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
 from prime_traces._transport import Transport
-from prime_traces._window import InFlightWindow
 from prime_traces._uploader import (
     DEFAULT_ABANDON_AFTER_S,
     DEFAULT_MAX_REFUSED_S,
@@ -31,6 +30,7 @@ from prime_traces._uploader import (
     Upload,
     UploadSettings,
 )
+from prime_traces._window import InFlightWindow
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +41,7 @@ MAX_IN_FLIGHT_LIMIT = 8
 
 def is_episode_record(record: Any) -> bool:
     """A mapping with a ``traces`` key, or an object with a ``traces`` attribute (contract §7)."""
-    if isinstance(record, dict) or hasattr(record, "keys"):
-        try:
-            return "traces" in record
-        except TypeError:
-            return False
-    return hasattr(record, "traces")
+    return is_episode(record)
 
 
 class TracesClient(ReadAPI):

@@ -274,3 +274,50 @@ def test_the_event_loop_stays_live_while_35_mb_episodes_upload(tmp_path):
     assert int(figures["stored"]) == 3
     assert float(figures["worst_log_call_s"]) < 0.1
     assert float(figures["worst_lag_s"]) < 1.0
+
+
+PARENT = """
+import subprocess
+run = prime_runs.init("trainer", kind="train")
+print(run.id, flush=True)
+child = subprocess.run([sys.executable, "-c", os.environ["CHILD_SCRIPT"]], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=60)
+print("child", child.returncode, child.stdout.strip(), flush=True)
+sys.stderr.write(child.stderr)
+import requests
+status = requests.get(f"{os.environ['PRIME_TRACES_URL']}/api/v1/runs/{run.id}",
+                      headers={"Authorization": f"Bearer {os.environ['PRIME_API_KEY']}"}, timeout=30).json()["status"]
+print("status-after-child", status, flush=True)
+run.log_episodes(episodes("parent-", 2))
+run.finish(status="failed", error="diverged", timeout_s=30)
+"""
+
+CHILD = PRELUDE + """
+run = prime_runs.init("eval-worker", kind="eval")
+run.log_episodes(episodes("child-", 3))
+run.finish(timeout_s=30)
+print(run.id, run._owner, flush=True)
+"""
+
+
+@pytest.mark.parametrize("told", [None, "1"], ids=["inherited", "told-to-own"])
+def test_a_child_process_does_not_own_its_parents_run_unless_told(service, tmp_path, told):
+    extra = {"CHILD_SCRIPT": CHILD}
+    if told:
+        extra["PRIME_RUN_OWNER"] = told
+    proc = start(PARENT, service, tmp_path, **extra)
+    run_id = first_line(proc)
+    out, err = finish_process(proc)
+    lines = out.splitlines()
+    remote = get(service, f"runs/{run_id}")
+    assert [r["run_id"] for r in get(service, "runs")["items"]] == [run_id]  # the child created no run
+    assert sorted(stored_episodes(service)) == sorted(["child-0", "child-1", "child-2", "parent-0", "parent-1"])
+    if told is None:
+        assert lines[0] == f"child 0 {run_id} False", err
+        assert lines[1] == "status-after-child running"  # the child's finish() left the parent's run alone
+        assert proc.returncode == 0, err
+        assert (remote["status"], remote["error"]) == ("failed", "diverged")  # the parent's outcome, not a 409
+    else:
+        assert lines[0] == f"child 0 {run_id} True", err
+        assert lines[1] == "status-after-child completed"  # told to own it: the child finished it
+        assert remote["status"] == "completed"

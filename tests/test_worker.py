@@ -99,8 +99,8 @@ def test_the_queue_refuses_by_bytes_before_it_refuses_by_records():
     assert worker.submit([{"id": "holder"}])
     assert sink.entered.wait(GATE_TIMEOUT_S)
     results = [worker.submit([{"id": f"r{i}"}]) for i in range(20)]
-    assert results == [True] * 10 + [False] * 10
-    assert worker.accounting.snapshot()["dropped"] == {"queue_full_bytes": 10}
+    assert results == [True] * 9 + [False] * 11  # the record in flight is held too: 1 + 9 records of 1 kB
+    assert worker.accounting.snapshot()["dropped"] == {"queue_full_bytes": 11}
     sink.gate.set()
     worker.close(timeout_s=GATE_TIMEOUT_S)
     assert identity_holds(worker, "test")
@@ -357,3 +357,26 @@ def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_o
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.received == [{"id": "c"}]
     assert identity_holds(worker, "test")
+
+
+def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_flight():
+    sink = GatedSink()
+    sink.gate.set()
+    meter = SizeMeter()
+    worker = UploadWorker([sink], max_queued_records=10_000, max_queued_bytes=1_000_000, size_meter=meter)
+    for _ in range(500):  # a long run of small records: the estimate learns 1 kB
+        meter.observe(1_000)
+    assert worker.submit([{"id": f"small-{i}"} for i in range(100)]) and worker.flush(timeout_s=GATE_TIMEOUT_S)
+    sink.gate.clear()
+    sink.entered.clear()
+    assert worker.submit([{"id": "big-0"}])  # taken by the worker, held in flight
+    assert sink.entered.wait(GATE_TIMEOUT_S)
+    meter.observe(10_000)  # the worker measured the first grown record: 10 kB
+    results = [worker.submit([{"id": f"big-{i}"}]) for i in range(1, 300)]
+    held = 1 + results.count(True)
+    assert held * 10_000 <= 1_000_000 and held == 100  # 1 in flight + 99 queued; a mean would have let 300 in
+    assert meter.mean_bytes < 1_100 and meter.estimate_bytes == 10_000
+    sink.gate.set()
+    worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert identity_holds(worker, "test")
+    assert worker.accounting.snapshot()["dropped"] == {"queue_full_bytes": 200}
