@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 import orjson
 
 from prime_traces._models import TraceSummary
+from prime_traces._redact import redact
 from prime_traces.errors import APIError
 
 EXIT_USAGE = 2
@@ -189,10 +190,8 @@ def print_json(document: Any) -> None:
 
 
 def one_line(message: str, api_key: str | None = None) -> str:
-    """``message`` on one line, with the API key masked."""
-    if api_key:
-        message = message.replace(api_key, "***")
-    return " ".join(message.split()) or "failed"
+    """``message`` on one line, with the API key (as a whole token) and any bearer credential redacted."""
+    return " ".join(redact(message, api_key).split()) or "failed"
 
 
 def _api_error(err: BaseException | None) -> APIError | None:

@@ -1,9 +1,16 @@
-"""A pool of daemon threads that run requests and never hold up exit.
+"""A pool of daemon threads that never hold up exit, and after-fork callbacks that die with their object.
 
 ``concurrent.futures.ThreadPoolExecutor`` joins its workers at interpreter
 exit, so one hung request would keep a finished training job alive. This pool
 hands out the same ``Future`` objects, but its workers are daemon threads
-that nothing joins: at exit, work still running is abandoned.
+that nothing joins: at exit, work still running is abandoned. As in the
+stdlib pool, a worker holds its pool only weakly, so a pool nobody shut down
+still ends its threads once it is garbage.
+
+:func:`call_in_forked_child` keeps every after-fork callback in one weak
+registry behind a single ``os.register_at_fork`` hook: the interpreter never
+forgets a registered hook, so one hook per object would grow memory and the
+time of every ``fork()`` with each object ever made.
 """
 
 from __future__ import annotations
@@ -26,20 +33,46 @@ T = TypeVar("T")
 _SHUTDOWN = object()
 _pool_ids = itertools.count(1)
 
+#: The after-fork callbacks of live objects, in registration order; an entry leaves as its object dies.
+_in_forked_child: dict[int, tuple[weakref.ref[Any], Callable[[Any], Any]]] = {}
+_registration_ids = itertools.count()
+
 
 def call_in_forked_child(method: Callable[[], Any]) -> None:
     """Run the bound ``method`` in every child this process forks, while its object lives.
 
-    Held through a ``weakref.WeakMethod``: the hook never keeps the object alive.
+    The object is held weakly (the function apart): the registration never
+    keeps it alive, and goes away with it. Callbacks run in registration
+    order; one that raises is logged and stops none of the others.
     """
-    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+    key = next(_registration_ids)
 
-    def after_fork_in_child() -> None:
-        bound = ref()
-        if bound is not None:
-            bound()
+    def forget(_ref: object, key: int = key, registry: dict[int, Any] = _in_forked_child) -> None:
+        # Bound as defaults: at interpreter teardown module globals may already be gone.
+        registry.pop(key, None)
 
-    os.register_at_fork(after_in_child=after_fork_in_child)
+    # No lock: one dict operation is atomic under the GIL, forget() runs from
+    # the garbage collector on any thread, and a lock a parent thread held at
+    # fork time would stay held in the child. Not a WeakMethod with a callback:
+    # its callback fails noisily when both die together at interpreter exit.
+    owner = method.__self__  # type: ignore[attr-defined]
+    _in_forked_child[key] = (weakref.ref(owner, forget), method.__func__)  # type: ignore[attr-defined]
+
+
+def _run_in_forked_child() -> None:
+    # Iterate a copy (made in one C call): a callback, or the collector, may drop entries meanwhile.
+    for ref, func in list(_in_forked_child.copy().values()):
+        owner = ref()
+        if owner is None:
+            continue
+        try:
+            func(owner)
+        except Exception:
+            logger.exception("after-fork callback %r failed in the child", func)
+        del owner
+
+
+os.register_at_fork(after_in_child=_run_in_forked_child)
 
 
 def run_in_daemon(target: Callable[[], Any], name: str) -> threading.Event:
@@ -70,8 +103,10 @@ class DaemonPool:
     ``submit`` never blocks: work waits in an unbounded queue (callers bound
     what they submit, as the uploader does with its window). Threads start
     lazily, one per submit until ``max_workers``. ``shutdown`` is idempotent
-    and only waits as long as it is told to. After ``fork`` the child gets a
-    fresh, empty pool: it never runs or waits on the parent's work.
+    and only waits as long as it is told to. A pool dropped without
+    ``shutdown`` ends its threads too, once the work queued before runs: they
+    hold it only weakly. After ``fork`` the child gets a fresh, empty pool: it
+    never runs or waits on the parent's work.
 
     Usage::
 
@@ -101,26 +136,51 @@ class DaemonPool:
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         """Queue ``fn(*args, **kwargs)``; returns its Future at once."""
         future: Future[T] = Future()
+        inline = False
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit to a pool that was shut down")
             self._queue.put((future, fn, args, kwargs))
             if self._idle > 0:
                 self._idle -= 1
-            elif len(self._threads) < self.max_workers:
-                self._start_thread()
+            elif len(self._threads) < self.max_workers and not self._start_thread():
+                # No thread can start (Python 3.12+ refuses during interpreter shutdown): with none
+                # alive to take the work, the caller runs it, or records logged just before exit are lost.
+                inline = not any(t.is_alive() for t in self._threads)
+        if inline:
+            self._run_queued_here()
         return future
 
-    def _start_thread(self) -> None:
+    def _run_queued_here(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is _SHUTDOWN:
+                continue
+            _run(*item)
+
+    def _start_thread(self) -> bool:
+        def wake_when_dropped(_ref: object, work_queue: queue.SimpleQueue[Any] = self._queue) -> None:
+            # Runs when the pool is garbage: the thread waits on its queue, not on the pool.
+            work_queue.put(_SHUTDOWN)
+
+        # The thread gets a weak reference and the queue, never the pool: a
+        # strong one would keep an unclosed pool, and its threads, alive forever.
         thread = threading.Thread(
-            target=_work, args=(self._queue, self), name=f"{self._name}-{len(self._threads) + 1}", daemon=True
+            target=_work,
+            args=(weakref.ref(self, wake_when_dropped), self._queue),
+            name=f"{self._name}-{len(self._threads) + 1}",
+            daemon=True,
         )
         try:
             thread.start()
-        except RuntimeError:  # interpreter shutting down: the work is lost with it
+        except RuntimeError:  # interpreter shutting down: submit() runs the work itself
             logger.debug("could not start a pool thread during shutdown")
-            return
+            return False
         self._threads.append(thread)
+        return True
 
     def _mark_idle(self) -> None:
         with self._lock:
@@ -150,18 +210,26 @@ class DaemonPool:
         return list(self._threads)
 
 
-def _work(work_queue: queue.SimpleQueue[Any], pool: DaemonPool) -> None:
+def _work(pool_ref: weakref.ref[DaemonPool], work_queue: queue.SimpleQueue[Any]) -> None:
     while True:
         item = work_queue.get()
         if item is _SHUTDOWN:
             return
-        future, fn, args, kwargs = item
-        if future.set_running_or_notify_cancel():
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as err:
-                future.set_exception(err)
-            else:
-                future.set_result(result)
-        del item, future, fn, args, kwargs
-        pool._mark_idle()
+        _run(*item)
+        del item
+        pool = pool_ref()
+        if pool is not None:
+            pool._mark_idle()
+        # Never held across get(): a dropped pool's wake-up is queued after the
+        # work it had, so that work still runs before the wake-up ends us.
+        del pool
+
+
+def _run(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if future.set_running_or_notify_cancel():
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as err:  # noqa: BLE001  (the Future carries it to whoever waits)
+            future.set_exception(err)
+        else:
+            future.set_result(result)

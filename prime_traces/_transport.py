@@ -1,19 +1,19 @@
 """HTTP for the client: one ``requests.Session`` per thread, errors translated.
 
 This is the one place where ``requests`` exceptions and error answers become
-``prime_traces.errors`` types (contract §6), with the API key scrubbed from any
-third-party text they carry. requests does not promise that a Session is
-thread-safe, so every thread that sends gets its own, with keep-alive; the
-sessions of threads that have ended are closed when a new one is made. After
-``fork`` the child builds new sessions: it never writes to a socket it shares
-with its parent, nor closes one.
+``prime_traces.errors`` types (contract §6), with the API key and any bearer
+credential redacted from every text they carry: third-party messages, and
+error bodies (a gateway may echo the request's headers back). requests does
+not promise that a Session is thread-safe, so every thread that sends gets
+its own, with keep-alive; the sessions of threads that have ended are closed
+when a new one is made. After ``fork`` the child builds new sessions: it
+never writes to a socket it shares with its parent, nor closes one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +30,7 @@ from prime_traces._config import (
     default_headers,
 )
 from prime_traces._pool import call_in_forked_child
+from prime_traces._redact import Redactor
 from prime_traces._retry import parse_retry_after
 from prime_traces.errors import (
     APIError,
@@ -49,15 +50,13 @@ logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 
-_REDACTED = "<redacted>"
-#: Whitespace and control characters: where a key with stray characters may be split.
-_STRAY = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
-#: Shorter pieces are too likely to match unrelated text to be worth hiding.
-_MIN_PIECE = 8
 
+def error_from_response(resp: requests.Response, hide: Redactor | None = None) -> APIError:
+    """The typed error for an answer that is not 2xx; ``hide`` redacts the key from its texts.
 
-def error_from_response(resp: requests.Response) -> APIError:
-    """The typed error for an answer that is not 2xx."""
+    Without ``hide``, bearer credentials are still redacted.
+    """
+    hide = hide or Redactor(None)
     code: str | None = None
     message: str | None = None
     line: int | None = None
@@ -73,13 +72,14 @@ def error_from_response(resp: requests.Response) -> APIError:
         message = error.get("message") if isinstance(error.get("message"), str) else None
         line = error.get("line") if type(error.get("line")) is int else None
         record_id = error.get("id") if isinstance(error.get("id"), str) else None
-        errors = _line_rejections(error.get("errors"))
+        errors = _line_rejections(error.get("errors"), hide)
     elif isinstance(payload, dict) and "detail" in payload:
         message = str(payload["detail"])
     elif resp.content and payload is None:
-        message = resp.content[:500].decode("utf-8", "replace")
+        # Redacted before the cut to 500 characters, so that no piece of the key is left there.
+        message = _short(hide(resp.content[:4096].decode("utf-8", "replace")), 500)
     status = resp.status_code
-    args: tuple[Any, ...] = (status, code, message or f"HTTP {status}")
+    args: tuple[Any, ...] = (status, code, hide(message) if message else f"HTTP {status}")
     kwargs: dict[str, Any] = {"line": line, "record_id": record_id, "errors": errors}
     if status in RETRYABLE_STATUSES:
         return RetryableAPIError(*args, retry_after=parse_retry_after(resp.headers.get("Retry-After")), **kwargs)
@@ -122,7 +122,7 @@ def _read_until(resp: requests.Response, deadline: float) -> None:
     resp.close()
 
 
-def _line_rejections(entries: Any) -> tuple[LineRejection, ...]:
+def _line_rejections(entries: Any, hide: Redactor) -> tuple[LineRejection, ...]:
     """The ``errors`` list of a 400 (contract §9); entries without an int line are skipped."""
     if not isinstance(entries, list):
         return ()
@@ -134,7 +134,7 @@ def _line_rejections(entries: Any) -> tuple[LineRejection, ...]:
         found.append(LineRejection(
             entry["line"],
             code if isinstance(code, str) else None,
-            message if isinstance(message, str) else "rejected",
+            hide(message) if isinstance(message, str) else "rejected",
             record_id if isinstance(record_id, str) else None,
         ))  # fmt: skip
     return tuple(found)
@@ -159,7 +159,7 @@ class Transport:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._headers = default_headers(config)
-        self._secrets = _secret_forms(config.api_key)
+        self._hide = Redactor(config.api_key)
         self._lock = threading.Lock()
         self._local = threading.local()
         # Each session with the thread that uses it, so that the sessions of
@@ -253,13 +253,14 @@ class Transport:
             if deadline is not None:
                 _read_until(resp, deadline)
         except requests.Timeout as err:
-            self._scrub_chain(err)
+            self._hide.exception_chain(err)
             raise APITimeoutError(f"{method} {_path(url)}: no answer within {read_timeout:g} s") from err
         except requests.RequestException as err:
-            # Scrubbed before shortening: a cut could leave a piece of the key
-            # that no longer matches.
-            text, scrubbed = self._scrub(str(err))
-            self._scrub_chain(err)
+            # Third-party messages may quote request headers (requests'
+            # InvalidHeader does, as a repr). Redacted before shortening: a cut
+            # could leave a piece of the key that no longer matches.
+            text, scrubbed = self._hide.subn(str(err))
+            self._hide.exception_chain(err)
             hint = " (the API key was removed from this message; check it for stray characters)" if scrubbed else ""
             raise TransportError(f"{method} {_path(url)}: {type(err).__name__}: {_short(text)}{hint}") from err
         if resp.status_code >= 400:
@@ -268,41 +269,8 @@ class Transport:
                     resp.content  # noqa: B018  (read the error body before closing)
             finally:
                 resp.close()
-            raise error_from_response(resp)
+            raise error_from_response(resp, self._hide)
         return resp
-
-    def _scrub(self, text: str) -> tuple[str, bool]:
-        """``text`` with every form of the key replaced; and whether one was found.
-
-        Third-party messages may quote request headers (requests' InvalidHeader
-        does, as a repr), so they are scrubbed before they reach our messages,
-        and the chained third-party exceptions are scrubbed too, since
-        tracebacks and ``exc_info`` logs print them.
-        """
-        found = False
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, _REDACTED)
-                found = True
-        return text, found
-
-    def _scrub_chain(self, err: BaseException) -> None:
-        """Scrub the string arguments of ``err`` and of every exception it wraps, in place.
-
-        requests wraps urllib3's exceptions both as arguments and as causes;
-        non-string arguments are kept, since callers inspect them (see
-        ``_read_api._not_sent``).
-        """
-        seen: set[int] = set()
-        pending: list[BaseException] = [err]
-        while pending:
-            current = pending.pop()
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            current.args = tuple(self._scrub(a)[0] if isinstance(a, str) else a for a in current.args)
-            pending.extend(a for a in current.args if isinstance(a, BaseException))
-            pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
 
     def close(self) -> None:
         """Close every session this transport opened (in this process).
@@ -321,25 +289,6 @@ def _path(url: str) -> str:
     return url.split("?", 1)[0]
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= 300 else text[:300] + "..."
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
-
-def _secret_forms(key: str) -> tuple[str, ...]:
-    """Every form in which ``key`` may be quoted by a third-party message, longest first.
-
-    Besides the key itself: its ``str`` and ``bytes`` reprs (requests and
-    http.client quote header values with ``%r``, which turns a stray newline
-    into ``\\n``), and, for a key with stray characters inside, each long
-    piece between them, in case a library quotes the header in parts.
-    """
-    if not key:
-        return ()
-    forms = {key, key.strip(), repr(key)[1:-1], ascii(key)[1:-1]}
-    for encoding in ("utf-8", "latin-1"):
-        try:
-            forms.add(repr(key.encode(encoding))[2:-1])
-        except UnicodeEncodeError:
-            pass  # a key that has no bytes in this encoding cannot be quoted in it either
-    forms.update(piece for piece in _STRAY.split(key) if len(piece) >= _MIN_PIECE)
-    return tuple(sorted((form for form in forms if form), key=len, reverse=True))

@@ -3,7 +3,8 @@
 One root, :class:`PrimeTracesError`. HTTP answers become :class:`APIError`
 subclasses chosen by status and code (contract §6); transport failures become
 :class:`TransportError` or :class:`APITimeoutError`. Messages never carry an
-API key: they are built from status, code and the service's own message only.
+API key: they are built from status, code and the service's own message, which
+the transport redacts first (a gateway may echo the request's headers back).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +322,23 @@ def test_a_child_process_does_not_own_its_parents_run_unless_told(service, tmp_p
         assert lines[0] == f"child 0 {run_id} True", err
         assert lines[1] == "status-after-child completed"  # told to own it: the child finished it
         assert remote["status"] == "completed"
+
+
+def test_records_logged_just_before_exit_are_stored_on_every_python(service, tmp_path):
+    # Python 3.12+ starts no thread once the interpreter is shutting down: the exit hook's
+    # uploads must still run (on the thread that has them) rather than wait out the timeout.
+    proc = start(
+        """
+        run = prime_runs.init("exit-early", finish_timeout_s=20)
+        run.log_episodes(episodes("late-", 50))
+        print(run.id, flush=True)
+        """,
+        service, tmp_path,
+    )  # fmt: skip
+    run_id = first_line(proc)
+    started = time.monotonic()
+    _out, err = finish_process(proc)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - started < 10  # not the whole finish timeout
+    assert sorted(stored_episodes(service)) == sorted(f"late-{i}" for i in range(50))
+    assert get(service, f"runs/{run_id}")["status"] == "crashed"  # nobody finished it: the exit hook did
