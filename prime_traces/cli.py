@@ -28,6 +28,10 @@ from prime_traces._cli_output import (
     run_until_closed_pipe,
 )
 from prime_traces._version import __version__
+from prime_traces.server._body import (
+    DEFAULT_MAX_BODY_MEMORY_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+)
 from prime_traces.server._faults import DEFAULT_SATURATED_RETRY_AFTER_S, FAIL_STATUSES
 
 SERVE_API_KEY_ENV = "PRIME_TRACES_SERVE_API_KEY"
@@ -61,7 +65,13 @@ def _add_serve(sub: Any) -> None:
                    help="'light': digest, decoding and line counts only; needs --store none")  # fmt: skip
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted")
     p.add_argument("--saturated-retry-after-s", type=float, default=DEFAULT_SATURATED_RETRY_AFTER_S,
-                   help="Retry-After sent with 503 writer_pool_saturated (default: %(default)s)")  # fmt: skip
+                   help="Retry-After sent with a 503 refusal (default: %(default)s)")  # fmt: skip
+    p.add_argument("--read-timeout-s", type=float, default=DEFAULT_READ_TIMEOUT_S,
+                   help="longest wait for each read from a client; past it the connection is "
+                        "closed (default: %(default)s)")  # fmt: skip
+    p.add_argument("--max-body-memory-bytes", type=int, default=DEFAULT_MAX_BODY_MEMORY_BYTES,
+                   help="memory held by request bodies and their decompression, all requests "
+                        "together; past it uploads get 503 (default: %(default)s)")  # fmt: skip
     f = p.add_argument_group("fault injection")
     f.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
     f.add_argument("--bandwidth-mb-s", type=float, default=None, help="cap on reading each body")
@@ -92,6 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
         "host": args.host, "port": args.port, "api_key": api_key,
         "max_uploads_in_flight": args.max_uploads_in_flight, "store": args.store,
         "validate": args.validate, "saturated_retry_after_s": args.saturated_retry_after_s,
+        "read_timeout_s": args.read_timeout_s, "max_body_memory_bytes": args.max_body_memory_bytes,
         "latency_ms": args.latency_ms, "bandwidth_mb_s": args.bandwidth_mb_s,
         "fail_fraction": args.fail_fraction, "fail_count": args.fail_count,
         "fail_status": args.fail_status, "fail_retry_after_s": args.fail_retry_after_s,

@@ -274,10 +274,10 @@ def test_auto_compression_sends_zstd_only_after_the_service_advertises_it(tmp_pa
     seen: list[tuple[str, int]] = []
     original = upload_route._process
 
-    def capture(req, body, digest, raw_format):
-        coding = b"Content-Encoding: zstd" in body and "zstd" or "gzip"
+    def capture(req, wire, digest, raw_format):
+        coding = b"Content-Encoding: zstd" in wire[0] and "zstd" or "gzip"
         seen.append((coding, svc.stats()["max_in_flight"].get(_producer(), 0)))
-        return original(req, body, digest, raw_format)
+        return original(req, wire, digest, raw_format)
 
     upload_route._process = capture
     try:
@@ -358,9 +358,10 @@ def test_wire_format_is_the_contracts(tmp_path):
 
     original = upload_route._process
 
-    def capture(req, body, digest, raw_format):
-        captured.update(headers=dict(req.headers), body=body, digest=digest, fmt=raw_format)
-        return original(req, body, digest, raw_format)
+    def capture(req, wire, digest, raw_format):
+        # The service frees the body as it decodes it: keep a copy.
+        captured.update(headers=dict(req.headers), body=bytes(wire[0]), digest=digest, fmt=raw_format)
+        return original(req, wire, digest, raw_format)
 
     upload_route._process = capture
     try:
@@ -399,9 +400,9 @@ def test_zstd_uploads_decode_to_the_same_bytes(service, monkeypatch):
     zstd_parts: list[bool] = []
     original = upload_route._process
 
-    def capture(req, body, digest, raw_format):
-        zstd_parts.append(b"Content-Encoding: zstd" in body)
-        return original(req, body, digest, raw_format)
+    def capture(req, wire, digest, raw_format):
+        zstd_parts.append(b"Content-Encoding: zstd" in wire[0])
+        return original(req, wire, digest, raw_format)
 
     monkeypatch.setattr(upload_route, "_process", capture)
     with client_for(service, compression="zstd") as client:

@@ -9,7 +9,13 @@ measured in the same run. The claim to check: light validation ingests
 gzip-1 bodies at least 2x as fast as one core can produce them, so the
 service is never what a client benchmark measures.
 
-    python tools/bench_service.py [--bodies 6] [--body-mb 30]
+It also measures what one upload of many small traces costs the service
+with SQLite storage and full validation (``--small-mb``, default 30 MiB of
+~230-byte traces, gzip-1 as the client sends it): the time to the answer and
+the growth of the service's peak resident memory (VmHWM), as a multiple of
+the uncompressed body. ``--memory-only`` runs only that case.
+
+    python tools/bench_service.py [--bodies 6] [--body-mb 30] [--small-mb 30] [--memory-only]
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import requests
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import encoded_lines, iter_episodes  # noqa: E402
+from workload import encoded_lines, iter_episodes
 
 ZSTD_LEVEL = 3
 
@@ -59,10 +65,62 @@ def multipart_frame(coding: str) -> tuple[bytes, bytes, str]:
     return head, f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-def start_service(db: str, validate: str) -> tuple[subprocess.Popen[str], str]:
+def small_trace_body(mib: float) -> bytes:
+    """About ``mib`` MiB of JSONL traces of ~230 bytes: the columns the service extracts, little else."""
+    now = time.time()
+    lines, size, i = [], 0, 0
+    while size < mib * 2**20:
+        line = (
+            b'{"id":"t-%08d","run":{"id":"run-1","type":"eval","work":{"step":%d}},'
+            b'"agent":{"name":"agent-a","config":{"model":"m-1"}},"task":{"key":"task-%d"},'
+            b'"rewards":{"r":{"score":1.0,"weight":1.0}},"stop_condition":"completed","ok":true,'
+            b'"timing":{"start":%.3f,"scoring":{"end":%.3f}}}'
+        ) % (i, i // 100, i % 50, now, now + 1.5)
+        lines.append(line)
+        size += len(line) + 1
+        i += 1
+    return b"\n".join(lines) + b"\n"
+
+
+def peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/PID/status (Linux only)")
+
+
+def _gzip_upload(raw: bytes) -> tuple[bytes, dict[str, str]]:
+    head, tail, content_type = multipart_frame("gzip")
+    headers = {"Content-Type": content_type, "Authorization": "Bearer bench",
+               "Idempotency-Key": "sha256:" + hashlib.sha256(raw).hexdigest()}  # fmt: skip
+    return head + gzip.compress(raw, compresslevel=1, mtime=0) + tail, headers
+
+
+def ingest_memory(raw: bytes, tmp: str) -> tuple[float, int]:
+    """``(seconds to the answer, growth of the service's peak RSS)`` for one upload of ``raw``."""
+    data, headers = _gzip_upload(raw)
+    proc, url = start_service(os.path.join(tmp, "small.db"), "full", store="sqlite")
+    try:
+        warm, warm_headers = _gzip_upload(small_trace_body(0.01))  # every code path loaded first
+        requests.post(f"{url}/api/v1/traces", data=warm, headers=warm_headers, timeout=60).raise_for_status()
+        before = peak_rss_bytes(proc.pid)
+        start = time.perf_counter()
+        resp = requests.post(f"{url}/api/v1/traces", data=data, headers=headers, timeout=600)
+        elapsed = time.perf_counter() - start
+        grown = peak_rss_bytes(proc.pid) - before
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    if resp.status_code != 201:
+        raise RuntimeError(f"upload failed: {resp.status_code} {resp.text[:200]}")
+    return elapsed, grown
+
+
+def start_service(db: str, validate: str, store: str = "none") -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "prime_traces.cli", "serve", "--port", "0", "--db", db,
-         "--store", "none", "--validate", validate, "--max-uploads-in-flight", "16"],
+         "--store", store, "--validate", validate, "--max-uploads-in-flight", "16"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -109,7 +167,20 @@ def main() -> int:
     parser.add_argument("--bodies", type=int, default=6, help="distinct bodies per run (default 6)")
     parser.add_argument("--body-mb", type=float, default=30.0, help="uncompressed MB per body (default 30)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--small-mb", type=float, default=30.0,
+                        help="MiB of small traces in the memory case (default 30)")  # fmt: skip
+    parser.add_argument("--memory-only", action="store_true", help="run only the memory case")
     args = parser.parse_args()
+
+    small = small_trace_body(args.small_mb)
+    with tempfile.TemporaryDirectory() as tmp:
+        seconds, grown = ingest_memory(small, tmp)
+    traces = small.count(b"\n")
+    print(f"Memory: one upload of {traces} small traces, {len(small) / 2**20:.1f} MiB of JSONL "
+          f"(gzip-1), store sqlite, full validation: answered in {seconds:.2f} s; the service's peak RSS "
+          f"grew by {grown / 2**20:.0f} MiB = {grown / len(small):.2f}x the body.\n")  # fmt: skip
+    if args.memory_only:
+        return 0
 
     print(f"building {args.bodies} bodies of ~{args.body_mb} MB ...", file=sys.stderr)
     bodies = build_bodies(args.bodies, args.body_mb, args.seed)

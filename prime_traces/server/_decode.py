@@ -1,7 +1,10 @@
 """Parsing an upload body: multipart parts and bounded decompression.
 
-Decompression never allocates more than the limit plus one chunk, so a
-gzip or zstd bomb is refused as ``upload_too_large`` without being inflated.
+Decompression never allocates more than the limit plus one step, so a
+gzip or zstd bomb is refused as ``upload_too_large`` without being inflated;
+its output is charged to the request's share of the body memory budget as it
+is produced (before, where its size is known). An uncompressed ``traces``
+part is cut out of the body in place rather than copied.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 import zstandard
 
 from prime_traces.errors import ErrorCode
+from prime_traces.server._body import MemoryCharge
 from prime_traces.server._http import ACCEPT_ENCODING, HTTPError
 
 try:  # ISA-L inflates gzip ~3x faster than zlib; optional (the "server" extra)
@@ -23,16 +27,48 @@ except ImportError:  # pragma: no cover  (exercised by the tests through inflate
 
 _ZSTD_STEP_BYTES = 1024
 _ZSTD_HEADER_MAX_BYTES = 18  # magic, descriptor, window, dictionary id, content size
+_INFLATE_STEP_BYTES = 8 << 20
 
 
 @dataclass
 class Part:
-    """One multipart part: lower-cased headers, the form field name, the bytes."""
+    """One multipart part: lower-cased headers, the form field name, where its bytes are."""
 
     headers: dict[str, str]
     name: str | None
     filename: str | None
-    body: memoryview
+    start: int
+    end: int
+
+
+def decode_body(body: bytearray, content_type: str | None, limit_bytes: int,
+                charge: MemoryCharge | None = None) -> tuple[bytes, bytes | bytearray]:  # fmt: skip
+    """``(metadata part, uncompressed traces part)`` of an upload body.
+
+    400 ``invalid_metadata`` unless there is exactly one part of each. An
+    uncompressed traces part is ``body`` itself, cut down in place, so it
+    costs no copy: ``body`` is not to be used for anything else afterwards.
+    """
+    parts = parse_multipart(body, boundary_of(content_type))
+    for name in ("metadata", "traces"):
+        found = sum(1 for p in parts if p.name == name)
+        if found != 1:
+            raise HTTPError(400, ErrorCode.INVALID_METADATA,
+                            f"expected exactly one {name!r} part, got {found}")  # fmt: skip
+    meta_part = next(p for p in parts if p.name == "metadata")
+    traces = next(p for p in parts if p.name == "traces")
+    metadata = bytes(body[meta_part.start : meta_part.end])
+    coding = (traces.headers.get("content-encoding") or "identity").strip().lower()
+    if coding == "identity":
+        if traces.end - traces.start > limit_bytes:
+            raise _too_large(limit_bytes)
+        # The tail first: trimming the end of a bytearray is in place, and
+        # deleting its head then only moves its start (no copy either).
+        del body[traces.end :]
+        del body[: traces.start]
+        return metadata, body
+    with memoryview(body) as whole, whole[traces.start : traces.end] as view:
+        return metadata, decode_part(view, coding, limit_bytes, charge)
 
 
 def boundary_of(content_type: str | None) -> bytes:
@@ -63,9 +99,8 @@ def _disposition(value: str) -> tuple[str | None, str | None]:
     return name, filename
 
 
-def parse_multipart(body: bytes, boundary: bytes) -> list[Part]:
-    """Split a multipart body into parts without copying their contents."""
-    view = memoryview(body)
+def parse_multipart(body: bytes | bytearray, boundary: bytes) -> list[Part]:
+    """Split a multipart body into parts, by offset (their contents are not copied)."""
     delimiter = b"--" + boundary
     pos = body.find(delimiter)
     if pos < 0:
@@ -91,16 +126,17 @@ def parse_multipart(body: bytes, boundary: bytes) -> list[Part]:
         if end < 0:
             raise HTTPError(400, ErrorCode.INVALID_METADATA, "multipart part is not terminated")
         name, filename = _disposition(headers.get("content-disposition", ""))
-        parts.append(Part(headers, name, filename, view[start:end]))
+        parts.append(Part(headers, name, filename, start, end))
         pos = end + 2 + len(delimiter)
 
 
-def decode_part(data: memoryview, coding: str | None, limit_bytes: int) -> bytes:
+def decode_part(data: memoryview, coding: str | None, limit_bytes: int,
+                charge: MemoryCharge | None = None) -> bytes | bytearray:  # fmt: skip
     """Undo the part's Content-Encoding, refusing output past ``limit_bytes``.
 
     An unknown coding is 415 with ``Accept-Encoding`` (contract §9); a broken
     stream is 400 ``malformed_encoding``; too much output is 400
-    ``upload_too_large``.
+    ``upload_too_large``; output the budget cannot hold raises ``MemoryRefused``.
     """
     coding = (coding or "identity").strip().lower()
     if coding != "identity" and not data:
@@ -110,9 +146,9 @@ def decode_part(data: memoryview, coding: str | None, limit_bytes: int) -> bytes
             raise _too_large(limit_bytes)
         return bytes(data)
     if coding in ("gzip", "x-gzip"):
-        return _gunzip(data, limit_bytes)
+        return _gunzip(data, limit_bytes, charge=charge)
     if coding == "zstd":
-        return _unzstd(data, limit_bytes)
+        return _unzstd(data, limit_bytes, charge=charge)
     raise HTTPError(
         415,
         ErrorCode.UNSUPPORTED_CONTENT_ENCODING,
@@ -128,64 +164,104 @@ def _too_large(limit_bytes: int) -> HTTPError:
     )  # fmt: skip
 
 
-def _gunzip(data: memoryview, limit_bytes: int, inflate: ModuleType | None = None) -> bytes:
-    # max_length bounds what zlib produces, so a bomb costs at most the limit.
+class _Output:
+    """Decoded bytes, charged as they are produced; one piece is kept as it is, more are joined as they come."""
+
+    def __init__(self, limit_bytes: int, charge: MemoryCharge | None) -> None:
+        self.limit_bytes = limit_bytes
+        self.charge = charge
+        self.size = 0
+        self._first: bytes | None = None
+        self._joined: bytearray | None = None
+
+    def take(self, n: int) -> None:
+        if self.charge is not None:
+            self.charge.take(n)
+
+    def give(self, n: int) -> None:
+        if self.charge is not None:
+            self.charge.give(n)
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit_bytes:
+            raise _too_large(self.limit_bytes)
+        if self._first is None and self._joined is None:
+            self._first = chunk
+            return
+        if self._joined is None:
+            self._joined, self._first = bytearray(self._first or b""), None
+        self._joined += chunk
+
+    def value(self) -> bytes | bytearray:
+        if self._joined is not None:
+            return self._joined
+        return self._first if self._first is not None else b""
+
+
+def _gunzip(data: memoryview, limit_bytes: int, inflate: ModuleType | None = None, *,
+            charge: MemoryCharge | None = None) -> bytes | bytearray:  # fmt: skip
+    # max_length bounds what zlib produces, so a bomb costs at most the limit,
+    # and each step is charged before it is produced.
     inflate = inflate or _inflate_module
-    out: list[bytes] = []
-    total = 0
+    out = _Output(limit_bytes, charge)
     pending: bytes | memoryview = data
     try:
         while pending:
             inflater = inflate.decompressobj(wbits=31)
-            chunk = inflater.decompress(pending, limit_bytes + 1 - total)
-            total += len(chunk)
-            out.append(chunk)
-            if total > limit_bytes or (inflater.unconsumed_tail and not inflater.eof):
-                raise _too_large(limit_bytes)
+            while True:
+                step = min(_INFLATE_STEP_BYTES, limit_bytes + 1 - out.size)
+                out.take(step)
+                chunk = inflater.decompress(pending, step)
+                out.give(step - len(chunk))
+                out.add(chunk)
+                pending = inflater.unconsumed_tail
+                # A full step may leave output inside zlib even with no input left.
+                if inflater.eof or (not pending and len(chunk) < step):
+                    break
             if not inflater.eof:
                 raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, "gzip stream is truncated")
             pending = inflater.unused_data
     except inflate.error as err:
         raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"bad gzip data: {err}") from None
-    return out[0] if len(out) == 1 else b"".join(out)
+    return out.value()
 
 
-def _unzstd(data: memoryview, limit_bytes: int) -> bytes:
-    out: list[bytes] = []
-    total, pos, size = 0, 0, len(data)
+def _unzstd(data: memoryview, limit_bytes: int, *, charge: MemoryCharge | None = None) -> bytes | bytearray:
+    out = _Output(limit_bytes, charge)
+    pos, size = 0, len(data)
     dctx = zstandard.ZstdDecompressor()
     try:
         while pos < size:
             frame = dctx.decompressobj()
             declared = zstandard.frame_content_size(data[pos : pos + _ZSTD_HEADER_MAX_BYTES])
-            if declared > limit_bytes - total:
+            if declared > limit_bytes - out.size:
                 raise _too_large(limit_bytes)  # refused from the header, before any output
             if declared >= 0:
                 # zstd refuses a frame that decodes to more than its header declares,
                 # so decoding it in one call is bounded by the check above.
+                out.take(declared)
                 chunk = frame.decompress(data[pos:])
-                total += len(chunk)
-                out.append(chunk)
+                out.give(declared - len(chunk))
+                out.add(chunk)
                 rest = len(frame.unused_data)
             else:
-                total, rest = _unzstd_unsized(frame, data, pos, out, total, limit_bytes)
-            if total > limit_bytes:
-                raise _too_large(limit_bytes)
+                rest = _unzstd_unsized(frame, data, pos, out)
             if not frame.eof:
                 raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, "zstd stream is truncated")
             pos = size - rest
     except zstandard.ZstdError as err:
         raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"bad zstd data: {err}") from None
-    return out[0] if len(out) == 1 else b"".join(out)
+    return out.value()
 
 
-def _unzstd_unsized(frame: Any, data: memoryview, pos: int, out: list[bytes], total: int,
-                    limit_bytes: int) -> tuple[int, int]:  # fmt: skip
+def _unzstd_unsized(frame: Any, data: memoryview, pos: int, out: _Output) -> int:
     """Decode a frame whose header gives no size, in small input slices.
 
     One zstd input byte can stand for ~32 KiB of output (RLE blocks), so a
-    1 KiB slice bounds each step's output to ~32 MiB. Returns the new total
-    and how many input bytes are left after the frame.
+    1 KiB slice bounds each step's output to ~32 MiB; that much is charged
+    after the step, since zstd cannot cap a step's output beforehand.
+    Returns how many input bytes are left after the frame.
     """
     size = len(data)
     rest = 0
@@ -193,9 +269,7 @@ def _unzstd_unsized(frame: Any, data: memoryview, pos: int, out: list[bytes], to
         step = data[pos : pos + _ZSTD_STEP_BYTES]
         chunk = frame.decompress(step)
         pos += len(step)
-        total += len(chunk)
-        out.append(chunk)
-        if total > limit_bytes:
-            raise _too_large(limit_bytes)
+        out.take(len(chunk))
+        out.add(chunk)
         rest = len(frame.unused_data) + size - pos
-    return total, rest
+    return rest

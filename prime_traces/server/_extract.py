@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from prime_traces.server._store import TraceRow
 
 if TYPE_CHECKING:
@@ -154,7 +152,7 @@ def trace_columns(
         "duration_ms": duration_ms_of(trace, created_at),
         "total_tokens": total_tokens_of(trace),
         "size_bytes": size_bytes,
-        "context": orjson.dumps(meta.context).decode(),
+        "context": meta.context_json,
         "producer": meta.producer,
     }
 
@@ -184,6 +182,6 @@ def episode_columns(
         "has_error": int(has_error_of(envelope)),
         "error_type": _str(dig(last_error, "type")),
         "error_message": _str(dig(last_error, "message")),
-        "context": orjson.dumps(meta.context).decode(),
+        "context": meta.context_json,
         "producer": meta.producer,
     }

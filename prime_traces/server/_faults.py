@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,6 +112,7 @@ class Stats:
         self.requests = 0
         self.rejections: Counter[str] = Counter()
         self.upload_attempts = 0
+        self.read_timeouts = 0
 
     def count_request(self) -> None:
         with self._lock:
@@ -133,6 +133,10 @@ class Stats:
         with self._lock:
             self.replays += 1
 
+    def count_read_timeout(self) -> None:
+        with self._lock:
+            self.read_timeouts += 1
+
     def count_rejection(self, code: str) -> None:
         with self._lock:
             self.rejections[code] += 1
@@ -148,6 +152,7 @@ class Stats:
                 "replays": self.replays,
                 "requests": self.requests,
                 "rejections": dict(self.rejections),
+                "read_timeouts": self.read_timeouts,
             }
 
 
@@ -179,29 +184,3 @@ class InFlightLimiter:
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self._lock:
             return {"in_flight": dict(self._now), "max_in_flight": dict(self._peak)}
-
-
-def throttled_read(readinto: Callable[[memoryview], int | None], length: int,
-                   bandwidth_mb_s: float | None, chunk_bytes: int = 1 << 20) -> bytearray:
-    """Read exactly ``length`` bytes, no faster than ``bandwidth_mb_s``.
-
-    Raises ``ConnectionError`` when the peer closes early.
-    """
-    buf = bytearray(length)
-    view = memoryview(buf)
-    done = 0
-    start = time.monotonic()
-    rate = bandwidth_mb_s * 1e6 if bandwidth_mb_s else None
-    if rate is not None:
-        chunk_bytes = max(16 * 1024, min(chunk_bytes, int(rate / 100)))
-    while done < length:
-        got = readinto(view[done : min(length, done + chunk_bytes)])
-        if not got:
-            raise ConnectionError(f"client closed the connection after {done} of {length} bytes")
-        done += got
-        if rate is not None:
-            ahead_s = done / rate - (time.monotonic() - start)
-            if ahead_s > 0:
-                time.sleep(ahead_s)
-    view.release()
-    return buf

@@ -6,12 +6,16 @@ line, in the contract's order. Every line is checked: the first failure is
 answered with its 1-based line number and the record's id, and the answer's
 ``errors`` lists every failing line (at most :data:`MAX_LISTED_ERRORS`), so
 a client drops all its bad records in one round trip (contract §9).
+
+Validation keeps no parsed line: its rows are built afterwards, a line at a
+time, by :func:`iter_rows` as the store inserts them in chunks, so an upload
+costs about its body rather than every parsed line and its row at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -46,20 +50,22 @@ class UploadMeta:
     reject_marker: bytes | None = None
     reject_omit_line: bool = False
     reject_first_only: bool = False
-    keep_rows: bool = True
+    #: The context as stored in every row, encoded once.
+    context_json: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.context_json = orjson.dumps(self.context).decode()
 
 
 @dataclass
 class IngestResult:
-    """The rows to store and the counts of one validated upload."""
+    """The counts of one validated upload."""
 
     lines: int = 0
     rows: int = 0
-    traces: list[TraceRow] = field(default_factory=list)
-    episodes: list[EpisodeRow] = field(default_factory=list)
 
 
-def _iter_lines(body: bytes) -> Any:
+def _iter_lines(body: bytes | bytearray) -> Iterator[tuple[int, bytes | bytearray]]:
     start, number = 0, 0
     size = len(body)
     while start < size:
@@ -76,7 +82,7 @@ def _iter_lines(body: bytes) -> Any:
 _BLANK = frozenset(b" \t\r\n\x0b\x0c")
 
 
-def count_records(body: bytes) -> int:
+def count_records(body: bytes | bytearray) -> int:
     """Non-blank lines, without copying any line that starts with a non-blank byte."""
     count, start, size = 0, 0, len(body)
     while start < size:
@@ -89,7 +95,7 @@ def count_records(body: bytes) -> int:
     return count
 
 
-def validate_light(body: bytes, meta: UploadMeta) -> IngestResult:
+def validate_light(body: bytes | bytearray, meta: UploadMeta) -> IngestResult:
     """Count lines and apply the reject marker; parse no JSON (load tests)."""
     lines = count_records(body)
     if lines > MAX_ROWS_PER_UPLOAD:
@@ -112,8 +118,8 @@ def validate_light(body: bytes, meta: UploadMeta) -> IngestResult:
     return IngestResult(lines=lines, rows=lines)
 
 
-def validate_full(body: bytes, meta: UploadMeta) -> IngestResult:
-    """Validate every line and build the rows to store."""
+def validate_full(body: bytes | bytearray, meta: UploadMeta) -> IngestResult:
+    """Validate every line; keep nothing of them but the ids seen."""
     result = IngestResult()
     seen = SeenIds()
     errors: list[tuple[ErrorCode, str, int, str | None]] = []
@@ -132,16 +138,7 @@ def validate_full(body: bytes, meta: UploadMeta) -> IngestResult:
                 # About the request's size, not this line: answered alone, at once.
                 raise _rejection(meta, ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
                                  f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload", number, record_id)  # fmt: skip
-            facts = check_record(record, meta.line_format, meta.now, seen)
-            if meta.keep_rows and not errors:  # once a line failed, nothing is stored: no rows
-                try:
-                    if meta.line_format == "episode":
-                        result.episodes.append(_episode_row(facts, meta))
-                    else:
-                        columns = trace_columns(record, facts.starts[0], len(line), meta, None)
-                        result.traces.append(TraceRow(columns, bytes(line)))
-                except (OverflowError, ValueError) as err:  # a value no column can hold: this line's fault
-                    raise LineError(ErrorCode.INVALID_TRACE, f"record cannot be stored: {err}") from None
+            check_record(record, meta.line_format, meta.now, seen)
             result.lines += 1
         except LineError as err:
             errors.append((err.code, err.message, number, record_id))
@@ -150,6 +147,23 @@ def validate_full(body: bytes, meta: UploadMeta) -> IngestResult:
     if errors:
         raise _rejections(meta, errors)
     return result
+
+
+def iter_rows(body: bytes | bytearray, meta: UploadMeta) -> Iterator[TraceRow | EpisodeRow]:
+    """The rows of a body that passed :func:`validate_full`, parsed again a line at a time."""
+    for number, line in _iter_lines(body):
+        raw = bytes(line)
+        record = orjson.loads(raw)
+        try:
+            if meta.line_format == "episode":
+                yield _episode_row(check_record(record, "episode", meta.now), meta)
+            else:
+                # timing.start was checked to be a finite number by validate_full.
+                start = float(record["timing"]["start"])
+                yield TraceRow(trace_columns(record, start, len(raw), meta, None), raw)
+        except (OverflowError, ValueError) as err:  # a value no column can hold: this line's fault
+            raise _rejection(meta, ErrorCode.INVALID_TRACE, f"record cannot be stored: {err}", number,
+                             record["id"]) from None  # fmt: skip
 
 
 def _rejection(meta: UploadMeta, code: ErrorCode, message: str, line: int | None,

@@ -12,6 +12,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from prime_traces.server._body import (
+    DEFAULT_MAX_BODY_MEMORY_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+    MemoryBudget,
+)
 from prime_traces.server._faults import (
     DEFAULT_MAX_UPLOADS_IN_FLIGHT,
     DEFAULT_SATURATED_RETRY_AFTER_S,
@@ -19,7 +24,8 @@ from prime_traces.server._faults import (
     InFlightLimiter,
     Stats,
 )
-from prime_traces.server._http import Route, TracesHTTPServer
+from prime_traces.server._http import Route
+from prime_traces.server._listener import TracesHTTPServer
 from prime_traces.server._store import Store
 
 logger = logging.getLogger(__name__)
@@ -39,6 +45,7 @@ class ServiceState:
     faults: Faults
     stats: Stats
     limiter: InFlightLimiter
+    budget: MemoryBudget
     routes: list[Route]
     api_key: str | None
     store_mode: str = "sqlite"
@@ -46,6 +53,7 @@ class ServiceState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
     saturated_retry_after_s: float = DEFAULT_SATURATED_RETRY_AFTER_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     stopping: threading.Event = field(default_factory=threading.Event)
 
 
@@ -81,6 +89,12 @@ class LocalTracesService:
     (bounded) and closes the database. Both are idempotent. Faults can be
     changed while it runs through ``service.faults``.
 
+    Each socket read waits at most ``read_timeout_s``: a client that stops
+    sending is cut off and gives back its in-flight slot. Request bodies
+    and their decompression hold at most ``max_body_memory_bytes`` across
+    all requests; past it an upload gets 503 ``ingest_capacity_exceeded``
+    with ``Retry-After: saturated_retry_after_s``.
+
     Usage::
 
         with LocalTracesService(tmp_path / "traces.db", latency_ms=100) as svc:
@@ -99,12 +113,18 @@ class LocalTracesService:
         validate: str = "full",
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         saturated_retry_after_s: float = DEFAULT_SATURATED_RETRY_AFTER_S,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        max_body_memory_bytes: int = DEFAULT_MAX_BODY_MEMORY_BYTES,
         **faults: Any,
     ) -> None:
         if store not in STORE_MODES:
             raise ValueError(f"store must be one of {STORE_MODES}, not {store!r}")
         if validate not in VALIDATE_MODES:
             raise ValueError(f"validate must be one of {VALIDATE_MODES}, not {validate!r}")
+        if not 0 < read_timeout_s < float("inf"):
+            raise ValueError(f"read_timeout_s must be greater than 0 and finite, not {read_timeout_s}")
+        if max_body_memory_bytes < 1:
+            raise ValueError(f"max_body_memory_bytes must be greater than 0, not {max_body_memory_bytes}")
         if validate == "light" and store != "none":
             raise ValueError("validate='light' parses no JSON, so it needs store='none'")
         if not api_key and not is_loopback(host):
@@ -121,14 +141,16 @@ class LocalTracesService:
             self._tmpdir = tempfile.mkdtemp(prefix="prime-traces-")
             db_path = os.path.join(self._tmpdir, "traces.db")
         self.db_path = os.fspath(db_path)
-        self._options = dict(
-            api_key=api_key or None,
-            store_mode=store,
-            validate_mode=validate,
-            max_body_bytes=max_body_bytes,
-            saturated_retry_after_s=saturated_retry_after_s,
-        )
+        self._options: dict[str, Any] = {
+            "api_key": api_key or None,
+            "store_mode": store,
+            "validate_mode": validate,
+            "max_body_bytes": max_body_bytes,
+            "saturated_retry_after_s": saturated_retry_after_s,
+            "read_timeout_s": read_timeout_s,
+        }
         self._limit = max_uploads_in_flight
+        self._max_body_memory_bytes = max_body_memory_bytes
         self._lock = threading.Lock()
         self._server: TracesHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -158,6 +180,7 @@ class LocalTracesService:
                 faults=self.faults,
                 stats=Stats(),
                 limiter=InFlightLimiter(self._limit),
+                budget=MemoryBudget(self._max_body_memory_bytes),
                 routes=all_routes(),
                 **self._options,
             )
@@ -210,9 +233,9 @@ class LocalTracesService:
     def __enter__(self) -> LocalTracesService:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
 def service_stats(state: ServiceState) -> dict[str, Any]:
-    return {**state.stats.snapshot(), **state.limiter.snapshot()}
+    return {**state.stats.snapshot(), **state.limiter.snapshot(), **state.budget.snapshot()}

@@ -18,7 +18,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +133,19 @@ EPISODE_COLUMNS = (
 )  # fmt: skip
 
 
+# Rows are inserted in chunks of at most this many rows or document bytes,
+# so an upload's rows never all exist at once.
+INSERT_CHUNK_ROWS = 2000
+INSERT_CHUNK_BYTES = 8 << 20
+_TRACE_INSERT = (
+    f"INSERT INTO traces (seq, {', '.join(TRACE_COLUMNS)}, episode_seq) "
+    f"VALUES ({', '.join('?' * (len(TRACE_COLUMNS) + 2))})"
+)
+_EPISODE_INSERT = (
+    f"INSERT INTO episodes ({', '.join(EPISODE_COLUMNS)}) VALUES ({', '.join('?' * len(EPISODE_COLUMNS))})"
+)
+
+
 @dataclass
 class TraceRow:
     """One trace to store: its summary columns and its document bytes."""
@@ -213,26 +226,26 @@ class Store:
     # -- uploads -----------------------------------------------------------
 
     def find_upload(self, upload_id: str) -> UploadRecord | None:
-        with self._write_lock:
-            row = self._writer.execute(
-                "SELECT * FROM uploads WHERE upload_id = ?", (upload_id,)
-            ).fetchone()
+        # A reader, not the writer: a replay is not held up by an upload being
+        # stored, and commit_upload checks again under the write lock.
+        with self.reader() as conn:
+            row = conn.execute("SELECT * FROM uploads WHERE upload_id = ?", (upload_id,)).fetchone()
         return _upload_from_row(row) if row is not None else None
 
     def commit_upload(
         self,
         upload: UploadRecord,
-        traces: Sequence[TraceRow],
-        episodes: Sequence[EpisodeRow],
+        rows: Iterable[TraceRow | EpisodeRow],
         *,
         keep_documents: bool = True,
     ) -> tuple[UploadRecord, bool]:
-        """Store an upload all or nothing.
+        """Store an upload all or nothing, taking ``rows`` a chunk at a time.
 
         Returns ``(record, created)``. When the digest was committed meanwhile
-        by a concurrent request, nothing is stored and the existing record
-        is returned with ``created=False`` (the caller answers it as a replay
-        or a conflict).
+        by a concurrent request, nothing is stored (``rows`` is not iterated)
+        and the existing record is returned with ``created=False`` (the caller
+        answers it as a replay or a conflict). Whatever ``rows`` raises rolls
+        the whole upload back.
         """
         with self.writer() as conn:
             row = conn.execute(
@@ -250,32 +263,53 @@ class Store:
                 ),
             )  # fmt: skip
             if keep_documents:
-                for trace in traces:
-                    self._insert_trace(conn, trace, None)
-                for episode in episodes:
-                    self._insert_episode(conn, episode)
+                for chunk in _chunks(rows):
+                    _insert_traces(conn, [r for r in chunk if isinstance(r, TraceRow)], None)
+                    for episode in chunk:
+                        if isinstance(episode, EpisodeRow):
+                            _insert_episode(conn, episode)
         return upload, True
 
-    def _insert_trace(self, conn: sqlite3.Connection, trace: TraceRow, episode_seq: int | None) -> None:
-        values = [trace.columns[name] for name in TRACE_COLUMNS]
-        cur = conn.execute(
-            f"INSERT INTO traces ({', '.join(TRACE_COLUMNS)}, episode_seq) "
-            f"VALUES ({', '.join('?' * (len(TRACE_COLUMNS) + 1))})",
-            (*values, episode_seq),
-        )
-        conn.execute("INSERT INTO trace_docs VALUES (?, ?)", (cur.lastrowid, trace.raw))
 
-    def _insert_episode(self, conn: sqlite3.Connection, episode: EpisodeRow) -> None:
-        values = [episode.columns[name] for name in EPISODE_COLUMNS]
-        cur = conn.execute(
-            f"INSERT INTO episodes ({', '.join(EPISODE_COLUMNS)}) "
-            f"VALUES ({', '.join('?' * len(EPISODE_COLUMNS))})",
-            values,
-        )
-        seq = cur.lastrowid
-        conn.execute("INSERT INTO episode_docs VALUES (?, ?)", (seq, episode.raw))
-        for member in episode.members:
-            self._insert_trace(conn, member, seq)
+def _chunks(rows: Iterable[TraceRow | EpisodeRow]) -> Iterator[list[TraceRow | EpisodeRow]]:
+    chunk: list[TraceRow | EpisodeRow] = []
+    count = size = 0
+    for row in rows:
+        chunk.append(row)
+        members = row.members if isinstance(row, EpisodeRow) else ()
+        count += 1 + len(members)
+        size += len(row.raw) + sum(len(m.raw) for m in members)
+        if count >= INSERT_CHUNK_ROWS or size >= INSERT_CHUNK_BYTES:
+            yield chunk
+            chunk, count, size = [], 0, 0
+    if chunk:
+        yield chunk
+
+
+def _next_seq(conn: sqlite3.Connection, table: str) -> int:
+    """The seq SQLite's AUTOINCREMENT would give the next row: never one used before."""
+    used = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+    top = conn.execute(f"SELECT MAX(seq) FROM {table}").fetchone()[0]
+    return max(used[0] if used else 0, top or 0) + 1
+
+
+def _insert_traces(conn: sqlite3.Connection, traces: list[TraceRow], episode_seq: int | None) -> None:
+    if not traces:
+        return
+    # Seqs given explicitly (under the write lock) so that both tables take one
+    # executemany each; SQLite's AUTOINCREMENT counter follows them.
+    first = _next_seq(conn, "traces")
+    conn.executemany(_TRACE_INSERT, (
+        (first + i, *(t.columns[name] for name in TRACE_COLUMNS), episode_seq) for i, t in enumerate(traces)
+    ))  # fmt: skip
+    conn.executemany("INSERT INTO trace_docs VALUES (?, ?)", ((first + i, t.raw) for i, t in enumerate(traces)))
+
+
+def _insert_episode(conn: sqlite3.Connection, episode: EpisodeRow) -> None:
+    cur = conn.execute(_EPISODE_INSERT, [episode.columns[name] for name in EPISODE_COLUMNS])
+    seq = cur.lastrowid
+    conn.execute("INSERT INTO episode_docs VALUES (?, ?)", (seq, episode.raw))
+    _insert_traces(conn, episode.members, seq)
 
 
 def _upload_from_row(row: sqlite3.Row) -> UploadRecord:

@@ -3,6 +3,11 @@
 auth (in the dispatcher) → in-flight limit → key syntax → body (bounded) →
 injected faults → multipart → decoding → size → digest → idempotent replay
 or conflict → metadata → lines → all-or-nothing commit.
+
+Memory: the body is read as it arrives and charged to the service's budget
+(``_body``); once decoded, a compressed body is freed, and an uncompressed
+one *is* the decoded bytes. Lines are validated without keeping them, then
+parsed again a chunk at a time as they are stored.
 """
 
 from __future__ import annotations
@@ -17,16 +22,22 @@ from typing import Any
 import orjson
 
 from prime_traces.errors import ErrorCode
-from prime_traces.server._decode import boundary_of, decode_part, parse_multipart
+from prime_traces.server._decode import decode_body
 from prime_traces.server._http import (
     HTTPError,
     Request,
     Response,
     drop_connection,
     json_response,
+    retry_after_value,
     route,
 )
-from prime_traces.server._ingest import UploadMeta, validate_full, validate_light
+from prime_traces.server._ingest import (
+    UploadMeta,
+    iter_rows,
+    validate_full,
+    validate_light,
+)
 from prime_traces.server._store import UploadRecord
 
 logger = logging.getLogger(__name__)
@@ -46,7 +57,6 @@ def post_traces(req: Request) -> Response:
         raise HTTPError(411, None, "Content-Length is required; chunked uploads are not accepted")
     if length > state.max_body_bytes:
         # Refused before reading: the connection is closed rather than drained.
-        req.handler.body_read = True
         req.handler.close_after_response()
         raise HTTPError(400, ErrorCode.UPLOAD_TOO_LARGE,
                         f"request body of {length} bytes is over {state.max_body_bytes}")  # fmt: skip
@@ -56,7 +66,7 @@ def post_traces(req: Request) -> Response:
         raise HTTPError(
             503, ErrorCode.WRITER_POOL_SATURATED,
             f"more than {state.limiter.limit} uploads in flight for this credential; retry later",
-            headers={"Retry-After": _seconds(retry_after)},
+            headers={"Retry-After": retry_after_value(retry_after)},
         )  # fmt: skip
     try:
         return _upload(req, length)
@@ -84,33 +94,30 @@ def _upload(req: Request, length: int) -> Response:
         code = _INJECTED_CODES.get(faults.fail_status)
         headers = {}
         if faults.fail_retry_after_s is not None:
-            headers["Retry-After"] = _seconds(faults.fail_retry_after_s)
+            headers["Retry-After"] = retry_after_value(faults.fail_retry_after_s)
         raise HTTPError(faults.fail_status, code, "injected failure; retry later", headers=headers)
     dropping = faults.take_drop()
     if dropping and not faults.drop_after_commit:
         drop_connection()
+    wire = [body]
+    del body  # _process holds the only reference, so it can free the wire bytes once decoded
     try:
-        return _process(req, body, key[len("sha256:"):], raw_format)
+        return _process(req, wire, key[len("sha256:"):], raw_format)
     finally:
         if dropping:
             # Whatever the verdict, the answer is lost with the connection.
             drop_connection()
 
 
-def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> Response:
+def _process(req: Request, wire: list[bytearray], digest: str, raw_format: str | None) -> Response:
     state = req.state
     line_format = _LINE_FORMATS.get(raw_format.strip().lower() if raw_format else None)
-    parts = parse_multipart(body, boundary_of(req.header("Content-Type")))
-    metadata_parts = [p for p in parts if p.name == "metadata"]
-    traces_parts = [p for p in parts if p.name == "traces"]
-    if len(metadata_parts) != 1:
-        raise HTTPError(400, ErrorCode.INVALID_METADATA,
-                        f"expected exactly one 'metadata' part, got {len(metadata_parts)}")  # fmt: skip
-    if len(traces_parts) != 1:
-        raise HTTPError(400, ErrorCode.INVALID_METADATA,
-                        f"expected exactly one 'traces' part, got {len(traces_parts)}")  # fmt: skip
-    traces = traces_parts[0]
-    data = decode_part(traces.body, traces.headers.get("content-encoding"), state.max_uncompressed_bytes)
+    body = wire.pop()
+    wire_bytes = len(body)
+    metadata, data = decode_body(body, req.header("Content-Type"), state.max_uncompressed_bytes, req.charge)
+    if data is not body:
+        del body
+        req.charge.give(wire_bytes)
     _check_utf8(data)
     actual = hashlib.sha256(data).hexdigest()
     if actual != digest:
@@ -123,7 +130,7 @@ def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> 
     existing = state.store.find_upload(digest)
     if existing is not None:
         return _replay(req, existing, line_format)
-    schema_version, context = _metadata(bytes(metadata_parts[0].body))
+    schema_version, context = _metadata(metadata)
     meta = UploadMeta(
         upload_id=digest,
         line_format=line_format,
@@ -134,7 +141,6 @@ def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> 
         reject_marker=state.faults.reject_marker.encode() if state.faults.reject_marker else None,
         reject_omit_line=state.faults.reject_omit_line,
         reject_first_only=state.faults.reject_first_only,
-        keep_rows=state.store_mode == "sqlite",
     )
     validate = validate_light if state.validate_mode == "light" else validate_full
     result = validate(data, meta)
@@ -143,7 +149,7 @@ def _process(req: Request, body: bytes, digest: str, raw_format: str | None) -> 
     record = UploadRecord(digest, line_format, receipt, req.producer, context, schema_version,
                           result.lines, len(data), meta.now)  # fmt: skip
     stored, created = state.store.commit_upload(
-        record, result.traces, result.episodes, keep_documents=state.store_mode == "sqlite"
+        record, iter_rows(data, meta), keep_documents=state.store_mode == "sqlite"
     )
     if not created:
         return _replay(req, stored, line_format)
@@ -196,10 +202,6 @@ def _check_utf8(data: bytes) -> None:
     except UnicodeDecodeError as err:
         raise HTTPError(400, ErrorCode.MALFORMED_ENCODING,
                         f"traces part is not UTF-8 near byte {start + err.start}") from None  # fmt: skip
-
-
-def _seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
 
 
 ROUTES = [route("POST", "/traces", post_traces)]
