@@ -150,7 +150,7 @@ def init(
         write_cap_bytes=max_in_flight * DEFAULT_TARGET_BATCH_BYTES, spill_timeout_s=spill_timeout_s,
         tick_interval_s=UPDATE_INTERVAL_S,
     )  # fmt: skip
-    root = runs_root(dir)
+    root = os.path.abspath(runs_root(dir))  # a chdir after init() must not move where the run writes
     if chosen == "offline":
         run = _offline(root, ranks, meter, worker_options, common)
     else:

@@ -128,3 +128,23 @@ def identity_holds(run: Run, sink: str = "traces") -> bool:
 
 def sink_counts(run: Run, sink: str = "traces") -> dict[str, Any]:
     return run.stats()["sinks"][sink]
+
+
+def assert_buckets(run: Run, sink: str = "traces", *, submitted: int, stored: int,
+                   dropped: dict[str, int] | None = None, failed: dict[str, int] | None = None,
+                   spooled: dict[str, int] | None = None) -> None:  # fmt: skip
+    """Every bucket of ``sink`` holds what the scenario implies (empty unless given), and the identity closes.
+
+    The identity alone cannot fail when a record is counted in the wrong
+    bucket; the numbers here come from the test, not from the counters.
+    ``spooled`` is by reason; a run that resynced records itself is checked by hand.
+    """
+    stats = run.stats()
+    counts = stats["sinks"][sink]
+    assert counts["resynced"] == 0, "resynced records: check this run's buckets by hand"
+    actual = {"submitted": stats["submitted"], "stored": counts["stored"], "dropped": stats["dropped"],
+              "failed": counts["failed"], "spooled": counts["spooled_reasons"]}  # fmt: skip
+    expected = {"submitted": submitted, "stored": stored, "dropped": dropped or {}, "failed": failed or {},
+                "spooled": spooled or {}}  # fmt: skip
+    assert actual == expected
+    assert identity_holds(run, sink)

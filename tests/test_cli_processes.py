@@ -9,6 +9,7 @@ process on loopback; the commands run as ``python -m prime_traces.cli`` and
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pty
 import subprocess
@@ -23,6 +24,7 @@ import requests
 from _upload_helpers import make_trace, upload
 
 from prime_runs._rundir import RunDirectory
+from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(120)
@@ -182,3 +184,28 @@ def test_log_level_reaches_the_log_of_a_client_command(svc):
                             capture_output=True, timeout=WAIT_S)  # fmt: skip
     assert chatty.returncode == 0 and orjson.loads(chatty.stdout)["trace_id"] == "t-1"
     assert b" DEBUG urllib3.connectionpool: " in chatty.stderr and KEY.encode() not in chatty.stderr
+
+
+# -- upload ---------------------------------------------------------------------------
+
+
+def test_prime_traces_upload_of_a_file_commits_it_and_running_it_again_replays(svc, tmp_path):
+    now = time.time()
+    path = tmp_path / "up.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(make_trace(f"up-{i}", start=now, run_id="run-up")) + b"\n"
+                              for i in range(5)))  # fmt: skip
+    argv = [*PRIME_TRACES, "upload", str(path), "--context", "source=cli-process", "--json", *connection(svc)]
+    first = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S)
+    assert (first.returncode, first.stderr) == (0, b"")
+    # One batch: the file's bytes, keyed by their digest.
+    receipts = [(r["upload_id"], r["status"]) for r in orjson.loads(first.stdout)]
+    assert receipts == [(hashlib.sha256(path.read_bytes()).hexdigest(), "committed")]
+    with TracesClient(KEY, svc.url) as client:
+        tagged = sorted(t.trace_id for t in client.iter(context={"source": "cli-process"}))
+    assert tagged == [f"up-{i}" for i in range(5)]
+    before = svc.stats()
+    again = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S)
+    assert (again.returncode, again.stderr) == (0, b"")
+    assert [(r["upload_id"], r["status"]) for r in orjson.loads(again.stdout)] == receipts
+    after = svc.stats()
+    assert (after["uploads"], after["replays"]) == (before["uploads"], before["replays"] + 1)  # nothing stored twice

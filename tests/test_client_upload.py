@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import http.server
 import os
 import subprocess
 import sys
@@ -13,13 +14,15 @@ import time
 
 import orjson
 import pytest
+import requests
 from _wire import trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prime_traces import TracesClient, UploadError
+from prime_traces import APITimeoutError, TracesClient, UploadError
 from prime_traces._batching import iter_batches
 from prime_traces._encode import encode_record
+from prime_traces._read_api import ReadAPI
 from prime_traces._report import BatchStatus, LineStatus
 from prime_traces.server import LocalTracesService
 
@@ -436,3 +439,148 @@ def test_a_process_whose_uploads_hang_exits_promptly_when_main_returns(tmp_path)
             assert time.monotonic() - started < 2.0
         finally:
             proc.kill()
+
+
+# -- what the README promises of the uploader, end to end ----------------------------
+
+
+class _ZstdRefusingGateway:
+    """A gateway in front of the service that passes uploads on, until ``refuse`` is set.
+
+    From then on it answers 415 (with ``Accept-Encoding: gzip``) to an upload
+    whose ``traces`` part is zstd, and its answers advertise gzip only: a
+    service that stopped taking zstd. ``seen`` is ``(coding, key, status)``
+    per upload, in order.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.refuse = threading.Event()
+        self.seen: list[tuple[str, str, int]] = []
+        gateway = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                gateway.answer(self)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="zstd-gateway")
+        self.thread.start()
+
+    def answer(self, handler: http.server.BaseHTTPRequestHandler) -> None:
+        body = handler.rfile.read(int(handler.headers["Content-Length"]))
+        coding = "zstd" if b"\r\nContent-Encoding: zstd\r\n" in body else "gzip"
+        if coding == "zstd" and self.refuse.is_set():
+            status = 415
+            content = orjson.dumps({"error": {"code": "unsupported_content_encoding", "message": "use gzip"}})
+        else:
+            passed = {k: v for k, v in handler.headers.items() if k.lower() not in ("host", "content-length")}
+            resp = requests.post(self.upstream + handler.path, data=body, headers=passed, timeout=30)
+            status, content = resp.status_code, resp.content
+        accepted = "gzip" if self.refuse.is_set() else "zstd, gzip"
+        self.seen.append((coding, handler.headers["Idempotency-Key"], status))
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Accept-Encoding", accepted)
+        handler.send_header("Content-Length", str(len(content)))
+        handler.end_headers()
+        handler.wfile.write(content)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(30)
+
+
+def test_a_service_that_stops_taking_zstd_gets_the_refused_batch_again_in_gzip(service):
+    gateway = _ZstdRefusingGateway(service.url)
+    before, after = lines_of(4, pad=900, prefix="a"), lines_of(4, pad=900, prefix="b")
+    try:
+        with client_for(gateway, max_in_flight=1) as client:
+            client.upload_lines(before, target_batch_bytes=2_000)
+            gateway.refuse.set()
+            receipts = client.upload_lines(after, target_batch_bytes=2_000)
+    finally:
+        gateway.close()
+    a, b = ([x.key for x in iter_batches(lines, target_batch_bytes=2_000)] for lines in (before, after))
+    assert len(a) == len(b) == 4
+    # "auto": the first batch asks in gzip, then zstd once the service advertises it.
+    assert gateway.seen[:4] == [("gzip", a[0], 201), *(("zstd", key, 201) for key in a[1:])]
+    # Refused once, that batch goes again, the same bytes under the same key, in gzip; the rest follow in gzip.
+    assert gateway.seen[4:] == [("zstd", b[0], 415), *(("gzip", key, 201) for key in b)]
+    assert [r.upload_id for r in receipts] == [key.removeprefix("sha256:") for key in b]
+    assert stored_trace_ids(service) == {f"{p}-{i}" for p in "ab" for i in range(4)}
+    assert service.stats()["uploads"] == 8 and service.stats()["replays"] == 0
+
+
+def test_upload_file_streams_a_file_in_the_batches_of_its_lines_and_a_second_run_replays(service, tmp_path):
+    lines = lines_of(12, pad=900, prefix="f")
+    path = tmp_path / "traces.jsonl"
+    # A blank line is skipped, and the last line may lack its newline.
+    path.write_bytes(b"\n".join(lines[:6]) + b"\n\n" + b"\n".join(lines[6:]))
+    keys = [b.key.removeprefix("sha256:") for b in iter_batches(lines, target_batch_bytes=4_000)]
+    with client_for(service) as client:
+        receipts = client.upload_file(path, target_batch_bytes=4_000, context={"source": "file"})
+        again = client.upload_file(str(path), target_batch_bytes=4_000, context={"source": "file"})
+        tagged = {t.trace_id for t in client.iter(context={"source": "file"})}
+    assert len(keys) > 3
+    assert [r.upload_id for r in receipts] == keys
+    assert [r.upload_id for r in again] == keys
+    assert stored_trace_ids(service) == tagged == {f"f-{i}" for i in range(12)}
+    assert service.stats()["uploads"] == len(keys) and service.stats()["replays"] == len(keys)
+
+
+def test_the_client_gives_up_on_a_silent_service_within_its_timeout(service):
+    service.faults.latency_ms = 60_000  # every answer a minute late (cut short when the service stops)
+    waits: list[float] = []
+    with client_for(service, timeout_s=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises(UploadError) as caught:
+            client.upload_lines(lines_of(1), max_attempts=1)
+        upload_s = time.monotonic() - started
+        # The client's reads, on its own transport; the waits between attempts are recorded, not slept.
+        reads = ReadAPI(client._transport, sleep=waits.append)
+        started = time.monotonic()
+        with pytest.raises(APITimeoutError, match=r"no answer within 0\.5 s"):
+            reads.list()
+        read_s = time.monotonic() - started
+    assert isinstance(caught.value.error, APITimeoutError)
+    assert caught.value.report.status_of(0) is LineStatus.FAILED
+    assert 0.5 <= upload_s < 0.5 + 0.3, upload_s
+    assert len(waits) == 2  # three attempts, each ending at the timeout
+    assert 3 * 0.5 <= read_s < 3 * 0.5 + 0.3, read_s
+
+
+def test_an_on_batch_that_raises_stops_the_upload_and_is_reported_with_every_line(service):
+    lines = lines_of(8, pad=900)
+    keys = [b.key.removeprefix("sha256:") for b in iter_batches(lines, target_batch_bytes=2_000)]
+    calls: list[int] = []
+
+    def on_batch(batch, receipt) -> None:
+        calls.append(batch.index)
+        if batch.index == 2:
+            raise RuntimeError("bookkeeping failed")
+
+    with client_for(service, max_in_flight=1) as client:
+        with pytest.raises(UploadError, match="bookkeeping failed") as caught:
+            client.upload_lines(lines, target_batch_bytes=2_000, on_batch=on_batch)
+        stored = stored_trace_ids(service)
+        rerun = client.upload_lines(lines, target_batch_bytes=2_000)  # re-running sends what is missing
+    error = caught.value
+    assert isinstance(error.error, RuntimeError) and error.__cause__ is error.error
+    assert calls == [0, 1, 2]  # never called again once it raised
+    # Fail-stop: no batch starts after the failure; the one in flight, if any, ends and is reported.
+    statuses = [error.report.status_of(i) for i in range(8)]
+    assert statuses[:3] == [LineStatus.COMMITTED] * 3
+    assert set(statuses[3:]) <= {LineStatus.COMMITTED, LineStatus.UNSENT}
+    committed = [i for i, s in enumerate(statuses) if s is LineStatus.COMMITTED]
+    assert committed == list(range(len(committed)))  # in order, no gap
+    assert stored == {f"t-{i}" for i in committed}  # what the report says is stored, and nothing else
+    assert [r.upload_id for r in error.receipts] == keys[: len(committed)]
+    assert [r.upload_id for r in rerun] == keys
+    assert stored_trace_ids(service) == {f"t-{i}" for i in range(8)}
+    assert service.stats()["replays"] == len(committed)

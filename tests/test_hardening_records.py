@@ -5,17 +5,27 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
-from _run_helpers import FLUSH_TIMEOUT_S, get_run, online, stored_episodes
+import zstandard
+from _run_helpers import (  # noqa: F401  (isolated: an autouse fixture, used by its name)
+    FLUSH_TIMEOUT_S,
+    assert_buckets,
+    get_run,
+    isolated,
+    online,
+    stored_episodes,
+)
+from _run_helpers import episodes as run_episodes
 from _wire import episode, trace
 
 from prime_runs import _encoding
 from prime_runs._encoding import RunStamp
-from prime_traces import TracesClient
+from prime_traces import MAX_LINE_BYTES, TracesClient
 from prime_traces._encode import encode_record
 
 
@@ -163,3 +173,55 @@ def test_to_json_records_that_carry_the_run_are_never_parsed(service, monkeypatc
     assert stored_episodes(service) == {"big": 1, "unstamped": 1}
     # What the parse it no longer does would cost the caller's threads (order of magnitude).
     assert _lag_during(lambda: orjson.loads(data)) > 5 * _lag_during(lambda: data.find(run.id.encode()))
+
+
+class _OwnJson:
+    """A record that serialises itself, as a producer with its own encoder does."""
+
+    def __init__(self, data: bytes | str | Exception) -> None:
+        self.data = data
+
+    def to_json(self) -> bytes | str:
+        if isinstance(self.data, Exception):
+            raise self.data
+        return self.data
+
+
+def test_to_json_records_are_stamped_with_the_run_and_stored_as_their_bytes_say(service):
+    docs = [episode(f"j{i}", [trace(f"j{i}-t{k}", info={"k": k}) for k in range(2)]) for i in range(2)]
+    records = [_OwnJson(orjson.dumps(docs[0])), _OwnJson(b'{"id": "torn", "traces": ['),
+               _OwnJson(orjson.dumps(docs[1]).decode()), _OwnJson(ValueError("serialiser broke"))]  # fmt: skip
+    run = online(service, console="off")
+    assert run.log_episodes(records)
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    stamp = {"id": run.id, "type": "train"}
+    with service.state.store.reader() as conn:
+        members = {d["id"]: d for d in (orjson.loads(r) for (r,) in conn.execute("SELECT raw FROM trace_docs"))}
+        envelopes = {d["id"]: d for d in (orjson.loads(r) for (r,) in conn.execute("SELECT raw FROM episode_docs"))}
+    # Bytes and str alike: parsed, stamped on the envelope and every member, the rest as the producer wrote it.
+    assert sorted(envelopes) == ["j0", "j1"] and sorted(members) == ["j0-t0", "j0-t1", "j1-t0", "j1-t1"]
+    for doc in docs:
+        assert envelopes[doc["id"]]["run"] == stamp
+        assert {k: v for k, v in envelopes[doc["id"]].items() if k not in ("run", "traces")} == {
+            k: v for k, v in doc.items() if k not in ("run", "traces")}  # fmt: skip
+        for member in doc["traces"]:
+            assert members[member["id"]] == {**member, "run": {**member["run"], **stamp}}
+    counts = run.stats()["sinks"]["traces"]
+    assert "to_json()" in counts["failure_details"]["invalid_record"]  # the first of the two, named
+    assert_buckets(run, submitted=4, stored=2, failed={"invalid_record": 2})
+
+
+def test_a_record_over_64_mib_is_refused_alone_and_kept_aside_and_the_others_are_stored(service):
+    run = online(service, console="off")
+    huge = episode("huge", [trace("huge-t", info={"text": "x" * MAX_LINE_BYTES})])  # one string: 64 MiB
+    assert run.log_episodes([*run_episodes("before", 2), huge, *run_episodes("after", 2)])
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    assert stored_episodes(service) == {"before0": 1, "before1": 1, "after0": 1, "after1": 1}
+    detail = run.stats()["sinks"]["traces"]["failure_details"]["record_too_large"]
+    assert detail.startswith("record 'huge' (log_episodes call 1, item 2): ") and f"limit of {MAX_LINE_BYTES}" in detail
+    assert_buckets(run, submitted=5, stored=4, failed={"record_too_large": 1})
+    # Kept aside with its reason; only the head of the entry is read back, not the 64 MiB.
+    [path] = Path(run.dir).glob("rejected-*.jsonl.zst")
+    with path.open("rb") as handle:
+        head = zstandard.ZstdDecompressor().stream_reader(handle).read(200)
+    assert head.startswith(b'{"id":"huge","line_format":"episode","code":"record_too_large"'), head

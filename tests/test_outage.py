@@ -13,6 +13,7 @@ from prime_traces.server import LocalTracesService
 
 from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     KEY,
+    assert_buckets,
     episodes,
     get_run,
     identity_holds,
@@ -62,11 +63,11 @@ def test_twelve_seconds_of_429s_lose_nothing_and_retire_nothing(isolated, restar
     run.finish(timeout_s=120)
     counts = sink_counts(run)
     assert stored_episodes(service) == {i: 1 for i in logged}
-    assert counts["stored"] == len(logged) and counts["spooled"] == 0 and counts["failed"] == {}
-    assert run.stats()["dropped"] == {} and run.stats()["retired_sinks"] == []
+    assert run.stats()["retired_sinks"] == []
     assert counts["refusals"] >= 12
     assert get_run(service, run.id)["status"] == "completed"
-    assert identity_holds(run)
+    assert len(logged) == 200
+    assert_buckets(run, submitted=200, stored=200)
 
 
 def test_an_outage_that_ends_before_finish_is_resynced_during_the_run(isolated, restartable):
@@ -79,11 +80,15 @@ def test_an_outage_that_ends_before_finish_is_resynced_during_the_run(isolated, 
     service.start()
     logged += _log_steps(run, "after", 10, pace_s=0.5)
     run.finish(timeout_s=120)
-    counts = sink_counts(run)
+    stats = run.stats()
+    counts = stats["sinks"]["traces"]
     assert stored_episodes(service) == {i: 1 for i in logged}  # each once
-    assert counts["stored"] == len(logged) and counts["spooled"] == 0 and counts["failed"] == {}
+    assert len(logged) == 175
+    # Each bucket by hand: what the run spooled and then resynced itself is stored, and spooled no more.
+    assert (stats["submitted"], counts["stored"], stats["dropped"], counts["failed"]) == (175, 175, {}, {})
     assert counts["resynced"] > 0 and counts["outages"] >= 1  # kept on disk, then sent by the run itself
-    assert run.stats()["dropped"] == {} and run.stats()["retired_sinks"] == []
+    assert counts["spooled"] == 0
+    assert stats["retired_sinks"] == []
     assert get_run(service, run.id)["status"] == "completed"
     assert identity_holds(run)
 
@@ -96,9 +101,13 @@ def test_an_outage_past_finish_is_kept_and_a_later_sync_stores_it_once(isolated,
     service.stop()
     logged += _log_steps(run, "during", 10)
     run.finish(timeout_s=20)
-    counts = sink_counts(run)
-    assert counts["spooled"] > 0 and counts["stored"] + counts["spooled"] == len(logged)
-    assert run.stats()["dropped"] == {} and counts["failed"] == {}
+    stats = run.stats()
+    counts = stats["sinks"]["traces"]
+    # The 25 flushed before the outage are stored; the 50 logged during it are all kept on disk.
+    assert (stats["submitted"], counts["stored"], stats["dropped"], counts["failed"]) == (75, 25, {}, {})
+    assert counts["spooled"] == 50 and counts["resynced"] == 0
+    assert sum(counts["spooled_reasons"].values()) == 50
+    assert set(counts["spooled_reasons"]) <= {"transient", "outage", "deadline"}, counts["spooled_reasons"]
     assert identity_holds(run)
     service.start()
     assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, run.dir]) == 0
@@ -114,12 +123,9 @@ def test_a_refused_key_retires_the_sink_at_once_and_keeps_the_rest_of_the_run(is
     assert run.stats()["retired_sinks"] == ["traces"]
     later = _log_steps(run, "later", 2)
     run.finish(timeout_s=30)
-    counts = sink_counts(run)
-    assert counts["spooled_reasons"] == {"refused:unauthenticated": 5, "sink_retired": 10}
-    assert counts["failed"] == {} and counts["stored"] == 0
+    assert_buckets(run, submitted=15, stored=0, spooled={"refused:unauthenticated": 5, "sink_retired": 10})
     errors = [r for r in caplog.records if r.levelname == "ERROR" and "retired" in r.getMessage()]
     assert len(errors) == 1 and "refused:unauthenticated" in errors[0].getMessage()
-    assert identity_holds(run)
     service.state.api_key = None
     assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, run.dir]) == 0
     assert stored_episodes(service) == {e["id"]: 1 for e in first} | {i: 1 for i in later}

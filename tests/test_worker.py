@@ -9,12 +9,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
+from _run_helpers import MARKER, episodes, stored_episodes
 
-from prime_runs._encoding import INVALID_RECORD
+from prime_runs._encoding import INVALID_RECORD, RunStamp
 from prime_runs._queue import RecordQueue, SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
+from prime_runs._traces_sink import TracesSink
 from prime_runs._worker import DEADLINE, SINK_RETIRED, WORKER_ERROR, UploadWorker
 from prime_runs.errors import SinkError
+from prime_traces import TracesClient
 
 GATE_TIMEOUT_S = 30.0
 
@@ -57,6 +60,20 @@ def identity_holds(worker: UploadWorker, sink: str) -> bool:
     return worker.accounting.unaccounted(sink) == 0
 
 
+def assert_buckets(worker: UploadWorker, *, submitted: int, stored: int, dropped: dict[str, int] | None = None,
+                   failed: dict[str, int] | None = None, spooled: dict[str, int] | None = None,
+                   sink: str = "test") -> None:  # fmt: skip
+    """Each bucket of ``sink`` holds what the scenario implies (empty unless given); the identity closes."""
+    snap = worker.accounting.snapshot()
+    counts = snap["sinks"][sink]
+    actual = {"submitted": snap["submitted"], "stored": counts["stored"], "dropped": snap["dropped"],
+              "failed": counts["failed"], "spooled": counts["spooled_reasons"]}  # fmt: skip
+    expected = {"submitted": submitted, "stored": stored, "dropped": dropped or {}, "failed": failed or {},
+                "spooled": spooled or {}}  # fmt: skip
+    assert actual == expected
+    assert identity_holds(worker, sink)
+
+
 def test_submit_never_waits_on_a_blocked_sink_and_counts_every_drop():
     sink = GatedSink()
     worker = UploadWorker([sink], max_queued_records=100)
@@ -77,8 +94,7 @@ def test_submit_never_waits_on_a_blocked_sink_and_counts_every_drop():
     assert worker.accounting.snapshot()["dropped"] == {"queue_full_records": 9_900}
     sink.gate.set()
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
-    assert worker.accounting.sinks["test"].stored == 101
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=10_001, stored=101, dropped={"queue_full_records": 9_900})
 
 
 def test_a_write_larger_than_the_bound_fits_an_empty_queue():
@@ -88,7 +104,7 @@ def test_a_write_larger_than_the_bound_fits_an_empty_queue():
     assert worker.submit([{"id": str(i)} for i in range(50)])
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.writes == [50]
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=50, stored=50)
 
 
 def test_the_queue_refuses_by_bytes_before_it_refuses_by_records():
@@ -102,8 +118,8 @@ def test_the_queue_refuses_by_bytes_before_it_refuses_by_records():
     assert results == [True] * 9 + [False] * 11  # the record in flight is held too: 1 + 9 records of 1 kB
     assert worker.accounting.snapshot()["dropped"] == {"queue_full_bytes": 11}
     sink.gate.set()
-    worker.close(timeout_s=GATE_TIMEOUT_S)
-    assert identity_holds(worker, "test")
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert_buckets(worker, submitted=21, stored=10, dropped={"queue_full_bytes": 11})
 
 
 def test_flush_waits_for_everything_submitted_before_it():
@@ -132,7 +148,8 @@ def test_three_transient_failures_in_a_row_retire_the_sink():
     assert failed == {"rejected:invalid_trace": 3, SINK_RETIRED: 4}
     assert worker.failed_records == {"test": 7}
     assert [e.failures for e in errors][:3] == [{"rejected:invalid_trace": 1}] * 3
-    assert identity_holds(worker, "test")
+    # Each write of 2: one rejected, one stored, until the third strike; the last 2 writes are not sent.
+    assert_buckets(worker, submitted=10, stored=3, failed={"rejected:invalid_trace": 3, SINK_RETIRED: 4})
 
 
 def test_close_returns_at_its_deadline_even_when_a_sink_never_returns():
@@ -145,12 +162,10 @@ def test_close_returns_at_its_deadline_even_when_a_sink_never_returns():
     assert worker.close(timeout_s=0.5) is False
     elapsed = time.monotonic() - started
     assert elapsed < 0.5 + 1.0, elapsed
-    assert worker.accounting.sinks["test"].failed == {DEADLINE: 5}
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=5, stored=0, failed={DEADLINE: 5})
     sink.gate.set()  # the abandoned write finishing late changes nothing
     assert worker.flush(timeout_s=1)
-    assert worker.accounting.sinks["test"].stored == 0
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=5, stored=0, failed={DEADLINE: 5})
 
 
 def test_submit_after_close_is_dropped_and_counted():
@@ -172,8 +187,7 @@ def test_a_sink_that_raises_loses_its_write_not_the_worker():
     assert worker.flush(timeout_s=GATE_TIMEOUT_S)
     worker.submit([{"id": "b"}])
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
-    assert worker.accounting.sinks["test"].failed == {"sink_error:RuntimeError": 2}
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=2, stored=0, failed={"sink_error:RuntimeError": 2})
 
 
 @pytest.mark.parametrize("bad", [0, -1])
@@ -203,7 +217,7 @@ def test_writes_waiting_together_reach_the_sink_as_one_per_line_format():
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.writes == [1, 10, 3, 1]
     assert formats == ["trace", "episode", "trace", "episode"]
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=15, stored=15)
 
 
 def _held_worker(sink: GatedSink, **options: Any) -> UploadWorker:
@@ -230,9 +244,7 @@ def test_a_caller_reusing_its_list_after_submit_loses_and_gains_nothing(reuse):
     sink.gate.set()
     assert worker.flush(timeout_s=GATE_TIMEOUT_S)
     assert sink.received[1:] == expected
-    assert worker.accounting.snapshot()["submitted"] == 65
-    assert worker.accounting.sinks["test"].stored == 65
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=65, stored=65)
     assert worker.stats()["queued_records"] == 0
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
 
@@ -289,15 +301,13 @@ def test_a_record_that_raises_while_its_format_is_detected_loses_only_itself(bad
     assert [e.failures for e in errors] == [{INVALID_RECORD: 2}]
     assert "line format could not be detected (RuntimeError" in caplog.text
     assert errors[0].detail.startswith("the record at submit call 1, item 0: its line format could not be detected")
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=4, stored=2, failed={INVALID_RECORD: 2})
     # The worker is still there for what comes next, including a write of nothing but bad records.
     assert worker.submit([bad()])
     assert worker.submit([{"id": "later"}])
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
-    assert worker.accounting.sinks["test"].failed == {INVALID_RECORD: 3}
-    assert worker.accounting.sinks["test"].stored == 3
     assert sink.received[-1] == {"id": "later"}
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=6, stored=3, failed={INVALID_RECORD: 3})
 
 
 def test_close_accounts_for_a_write_whose_format_detection_never_returns():
@@ -317,16 +327,14 @@ def test_close_accounts_for_a_write_whose_format_detection_never_returns():
         assert worker.submit([Stuck(), {"id": "b"}])
         assert detecting.wait(GATE_TIMEOUT_S)
         assert worker.close(timeout_s=0.1) is False
-        assert worker.accounting.sinks["test"].failed == {DEADLINE: 2}
-        assert identity_holds(worker, "test")
+        assert_buckets(worker, submitted=2, stored=0, failed={DEADLINE: 2})
     finally:
         release.set()
     # The detection finishing late changes nothing: the write was accounted for at the deadline.
     assert worker._thread is not None
     worker._thread.join(GATE_TIMEOUT_S)
     assert not worker._thread.is_alive()
-    assert worker.accounting.sinks["test"].stored == 0
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=2, stored=0, failed={DEADLINE: 2})
 
 
 def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_on(caplog):
@@ -352,11 +360,11 @@ def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_o
     assert [r.exc_info is not None for r in caplog.records] == [True]
     assert worker.accounting.sinks["test"].failed == {reason: 2}
     assert [e.failures for e in errors] == [{reason: 2}]
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=2, stored=0, failed={reason: 2})
     assert worker.submit([{"id": "c"}])
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.received == [{"id": "c"}]
-    assert identity_holds(worker, "test")
+    assert_buckets(worker, submitted=3, stored=1, failed={reason: 2})
 
 
 def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_flight():
@@ -377,6 +385,28 @@ def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_fl
     assert held * 10_000 <= 1_000_000 and held == 100  # 1 in flight + 99 queued; a mean would have let 300 in
     assert meter.mean_bytes < 1_100 and meter.estimate_bytes == 10_000
     sink.gate.set()
-    worker.close(timeout_s=GATE_TIMEOUT_S)
-    assert identity_holds(worker, "test")
-    assert worker.accounting.snapshot()["dropped"] == {"queue_full_bytes": 200}
+    assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    # 100 small, the big one in flight and 99 queued beside it are stored; 200 big ones refused.
+    assert_buckets(worker, submitted=400, stored=200, dropped={"queue_full_bytes": 200})
+
+
+def test_an_on_error_that_raises_is_logged_and_every_later_failure_still_reaches_it(service, caplog):
+    service.faults.reject_marker = MARKER
+    heard: list[dict[str, int]] = []
+
+    def on_error(error: SinkError) -> None:
+        heard.append(error.failures)
+        raise RuntimeError("callback bug")
+
+    client = TracesClient(api_key="k", base_url=service.url)
+    worker = UploadWorker([TracesSink(client, RunStamp("run-cb", "train"), None, owns_client=True)], on_error=on_error)
+    with caplog.at_level(logging.WARNING, logger="prime_runs"):
+        for prefix, poisoned in (("a", (1,)), ("b", ()), ("c", (0,))):
+            assert worker.submit(episodes(prefix, 3, poisoned=poisoned), line_format="episode")
+            assert worker.flush(timeout_s=GATE_TIMEOUT_S)
+        assert worker.close(timeout_s=GATE_TIMEOUT_S)
+    assert heard == [{"rejected:invalid_trace": 1}] * 2  # raising did not silence it
+    logged = [r for r in caplog.records if r.getMessage() == "on_error callback failed"]
+    assert [str(r.exc_info[1]) for r in logged] == ["callback bug"] * 2  # with its traceback, not swallowed
+    assert sorted(stored_episodes(service)) == ["a0", "a2", "b0", "b1", "b2", "c1", "c2"]
+    assert_buckets(worker, sink="traces", submitted=9, stored=7, failed={"rejected:invalid_trace": 2})
