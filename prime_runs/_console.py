@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prime_traces._pool import call_in_forked_child
+from prime_traces._pool import call_in_forked_child, start_daemon
 
 CONSOLE_LOGGER = "prime_runs.console"
 ENV_CONSOLE = "PRIME_RUNS_CONSOLE"
@@ -206,12 +206,8 @@ class Console:
         # Under self._lock.
         if self._thread is not None or not self.background:
             return
-        thread = threading.Thread(target=self._run, name="prime-runs-console", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # interpreter shutting down: close() writes what is pending
-            return
-        self._thread = thread
+        # None while the interpreter exits: close() writes what is pending.
+        self._thread = start_daemon(self._run, "prime-runs-console")
 
     def _run(self) -> None:
         while True:

@@ -32,7 +32,7 @@ import orjson
 
 from prime_runs._interrupt import wait_slice
 from prime_runs._segments import Frame, SegmentWriter
-from prime_traces._pool import call_in_forked_child
+from prime_traces._pool import call_in_forked_child, start_daemon
 from prime_traces.errors import APIError, RetryableAPIError
 
 logger = logging.getLogger(__name__)
@@ -113,12 +113,8 @@ class MetricsLane:
         # Under self._lock.
         if self._thread is not None:
             return
-        thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # interpreter shutting down: close() writes the rows to disk
-            return
-        self._thread = thread
+        # None while the interpreter exits: close() writes the rows to disk.
+        self._thread = start_daemon(self._run, self.name)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -28,7 +28,7 @@ from prime_runs._sync_run import sync_run
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
 from prime_traces._config import api_url
-from prime_traces._pool import call_in_forked_child
+from prime_traces._pool import call_in_forked_child, start_daemon
 from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Outage:
             self.outages += 1
             logger.warning("the Traces service at %s is not answering (%s); records are kept in %s until it "
                            "is back, then uploaded", self.client.config.base_url, why, self.spool.directory)  # fmt: skip
-            self._probe = _start(self._watch, "prime-runs-probe")
+            self._probe = start_daemon(self._watch, "prime-runs-probe")
 
     def _watch(self) -> None:
         wait = self.first_probe_s
@@ -124,7 +124,7 @@ class Outage:
             config = self.client.config
             # Its own client, so close() can abandon it; one request at a time, behind live uploads.
             self._resync_client = TracesClient(config.api_key, config.base_url, config.team_id, max_in_flight=1)
-            self._resync = _start(self._upload_backlog, "prime-runs-resync")
+            self._resync = start_daemon(self._upload_backlog, "prime-runs-resync")
 
     def _upload_backlog(self) -> None:
         client = self._resync_client
@@ -169,12 +169,3 @@ class Outage:
     def snapshot(self) -> dict[str, Any]:
         resyncing = self._resync is not None and self._resync.is_alive()
         return {"outage": self.down, "outages": self.outages, "resyncing": resyncing}
-
-
-def _start(target: Callable[[], Any], name: str) -> threading.Thread | None:
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # interpreter shutting down: finish() keeps what is spooled
-        return None
-    return thread

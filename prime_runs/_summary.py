@@ -15,6 +15,7 @@ from typing import Any
 
 from prime_runs._console import Console, stderr_is_terminal
 from prime_runs._progress import human_bytes, human_duration
+from prime_traces._pool import start_daemon
 
 #: finish() shows progress only when draining takes longer than this.
 PROGRESS_AFTER_S = 1.0
@@ -153,11 +154,7 @@ class FinishProgress:
             return
         self._started = self.clock()
         self._base = stored_bytes(self.stats())
-        self._thread = threading.Thread(target=self._run, name="prime-runs-finish-progress", daemon=True)
-        try:
-            self._thread.start()
-        except RuntimeError:
-            self._thread = None
+        self._thread = start_daemon(self._run, "prime-runs-finish-progress")
 
     def line(self) -> str | None:
         stats = self.stats()

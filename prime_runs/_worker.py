@@ -23,7 +23,7 @@ from prime_runs._queue import (
 from prime_runs._sink import METHODS, Ledger, Origins, Sink, SinkStatus
 from prime_runs._spool import SPILL_TIMEOUT, Spool
 from prime_runs.errors import SinkError
-from prime_traces._pool import call_in_forked_child, run_in_daemon
+from prime_traces._pool import call_in_forked_child, run_in_daemon, start_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -184,12 +184,8 @@ class UploadWorker:
         with self._lock:
             if self._thread is not None or self._queue.closed:
                 return
-            thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # interpreter shutting down; close() accounts for the queue
-                return
-            self._thread = thread
+            # None while the interpreter exits: close() accounts for the queue.
+            self._thread = start_daemon(self._run, self.name)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything submitted before the call is accounted for."""

@@ -75,6 +75,20 @@ def _run_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_run_in_forked_child)
 
 
+def start_daemon(target: Callable[[], Any], name: str) -> threading.Thread | None:
+    """Start ``target`` on a named daemon thread; None when no thread can start (the interpreter is exiting).
+
+    The caller keeps what the thread would have done for its own bounded
+    close (a queue it drains, rows it writes, lines it prints).
+    """
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:
+        return None
+    return thread
+
+
 def run_in_daemon(target: Callable[[], Any], name: str) -> threading.Event:
     """Run ``target`` on a named daemon thread; the event is set once it returns, however it ends.
 
