@@ -72,6 +72,7 @@ _live: list[ShutdownHooks] = []  # the runs a signal finishes
 _previous: dict[int, Any] = {}  # the default handler ours replaced, per signal
 _episode: _Episode | None = None  # the signal being handled
 _exiting = False  # the exit hook is ending the process by the signal
+_exit_finishing = False  # an exit hook is finishing a run on the main thread
 
 
 class ShutdownHooks:
@@ -161,12 +162,17 @@ class ShutdownHooks:
             self._finished.wait(max(0.0, deadline - time.monotonic()))
 
     def _at_exit(self) -> None:
+        global _exit_finishing
         episode = _episode
         if episode is not None and self in episode.runs:
             # A signal is finishing this run: wait for it rather than race it
             # to the finish (its status, not "crashed", is the one to record).
             episode.wait()
-        self._finish("crashed")
+        _exit_finishing = True
+        try:
+            self._finish("crashed")
+        finally:
+            _exit_finishing = False
         # A signal that came during this finish registered its exit hook while the
         # hooks were running (Python 3.11 never calls such a hook): end by it here.
         _end_by_signal_at_exit()
@@ -274,6 +280,12 @@ def _on_signal(signum: int, frame: Any) -> None:
     atexit.unregister(_end_by_signal_at_exit)
     atexit.register(_end_by_signal_at_exit)
     started = episode.start()
+    if not started and _exit_finishing:
+        # No thread can start (Python 3.12 at exit) and the signal interrupted the
+        # exit hook's finish on this thread: that finish goes on, then the hook
+        # ends the process by the signal. Chaining now would lose the status.
+        episode.done.set()
+        return
     if started and not wait:
         return  # the helper delivers the signal again once the runs are finished
     if started:
