@@ -56,12 +56,12 @@ class Accounting:
     outside the lock; it must return at once (it may run on the caller's thread).
     """
 
-    def __init__(self, sink_names: list[str]) -> None:
+    def __init__(self, sink_names: list[str], on_loss: LossListener | None = None) -> None:
         self._lock = threading.Lock()
         self.submitted = 0
         self.dropped: Counter[str] = Counter()
         self.drop_details: dict[str, str] = {}
-        self.on_loss: LossListener | None = None
+        self.on_loss = on_loss
         self.sinks = {name: SinkCounts() for name in sink_names}
         self._latencies = [0.0] * _LATENCY_RING
         self._latency_count = 0

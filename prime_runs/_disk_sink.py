@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prime_runs._encoding import EncodedWrite, RunStamp
-from prime_runs._queue import SizeMeter
+from prime_runs._size_meter import SizeMeter
 from prime_runs._segments import Frame, frames_of
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._spool import DISK_ERROR, RecordFiles, Spool

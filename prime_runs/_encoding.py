@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from prime_runs._queue import SizeMeter
+from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger
 from prime_traces import MAX_LINE_BYTES
 from prime_traces._batching import LineParts, line_size

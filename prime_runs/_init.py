@@ -22,16 +22,13 @@ from prime_runs._lifecycle import (
     resolve_mode,
 )
 from prime_runs._metrics_lane import MetricsLane
-from prime_runs._queue import (
-    DEFAULT_MAX_QUEUED_BYTES,
-    DEFAULT_MAX_QUEUED_RECORDS,
-    SizeMeter,
-)
+from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS
 from prime_runs._rundir import RunDirectory, check_run_id, runs_root
 from prime_runs._segments import METRICS
+from prime_runs._size_meter import SizeMeter
 from prime_runs._spool import RecordFiles, Spool
 from prime_runs._summary import destination_line
-from prime_runs._worker import DEFAULT_SPILL_TIMEOUT_S, UploadWorker
+from prime_runs._worker import DEFAULT_SPILL_TIMEOUT_S
 from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, TracesClient
@@ -139,7 +136,7 @@ def init(
     )  # fmt: skip
     if chosen == "disabled":
         console_on(console, mode=chosen, owner=False)  # a bad PRIME_RUNS_CONSOLE is an error in every mode
-        return Run(run_id=id or "disabled", url=None, worker=None, lifecycle=None, owner=False, **common)
+        return Run(run_id=id or "disabled", url=None, sinks=None, lifecycle=None, owner=False, **common)
     ranks = rank_info(id, owner=owner)
     common["console"] = Console(enabled=console_on(console, mode=chosen, owner=ranks.owner))
     if ranks.run_id is not None:
@@ -156,8 +153,6 @@ def init(
     else:
         run = _online(settings, root, ranks, meter, worker_options, common, max_in_flight, compression, save_local)
     run.console.directory = run.dir
-    if run._worker is not None:
-        run._worker.accounting.on_loss = run.console.heard
     run.console.say("%s", destination_line(name=run.name, run_id=run.id, mode=run.mode, owner=ranks.owner,
                                            service_url=run._service_url, url=run.url, directory=run.dir,
                                            save_local=save_local))  # fmt: skip
@@ -177,13 +172,9 @@ def _offline(root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[
     rundir = _open_directory(root, run_id)
     stamp = RunStamp(run_id, common["kind"])
     files = RecordFiles(rundir.path)
-    sink = DiskSink(files, stamp, meter)
-    worker = UploadWorker([sink], **worker_options)
     metrics = MetricsLane(send=None, writer=functools.partial(files.writer, METRICS))
-    run = Run(run_id=run_id, url=None, worker=worker, lifecycle=None, owner=ranks.owner, rundir=rundir,
-              metrics=metrics, **common)  # fmt: skip
-    worker.on_error = run._note_error
-    worker.tick = run._tick
+    run = Run(run_id=run_id, url=None, sinks=[DiskSink(files, stamp, meter)], worker_options=worker_options,
+              lifecycle=None, owner=ranks.owner, rundir=rundir, metrics=metrics, **common)  # fmt: skip
     run._keep_locally()
     return run
 
@@ -226,15 +217,12 @@ def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_
     sinks: list[Any] = [sink]
     if save_local:
         sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
-    worker = UploadWorker(sinks, **worker_options)
     # Its own transport (sessions, connections): metrics never wait behind the episodes' requests.
     transport = Transport(client.config)
     metrics = MetricsLane(send=functools.partial(RunLifecycle(transport).post_metrics, run_id),
                           writer=functools.partial(files.writer, METRICS), on_closed=transport.close)  # fmt: skip
-    run = Run(run_id=run_id, url=url, worker=worker, lifecycle=lifecycle, owner=ranks.owner, rundir=rundir,
-              service_url=settings.base_url, metrics=metrics, **common)  # fmt: skip
-    worker.on_error = run._note_error
-    worker.tick = run._tick
+    run = Run(run_id=run_id, url=url, sinks=sinks, worker_options=worker_options, lifecycle=lifecycle,
+              owner=ranks.owner, rundir=rundir, service_url=settings.base_url, metrics=metrics, **common)  # fmt: skip
     files.on_first_write = run._directory_needed
     if save_local:
         run._keep_locally()

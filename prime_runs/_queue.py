@@ -20,35 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_runs._interrupt import wait_slice
+from prime_runs._size_meter import SizeMeter
 
 DEFAULT_MAX_QUEUED_RECORDS = 10_000
 DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
-
-
-class SizeMeter:
-    """An estimate of the encoded size of the run's next records, fed by the worker, read by ``put``.
-
-    It reacts to growth at once (a record larger than the estimate becomes
-    the estimate) and decays toward smaller sizes by ``DECAY`` per record, so
-    a run whose records grow tenfold is bounded by their new size from the
-    first one the worker sees, and one outlier does not shrink the queue for
-    long. ``mean_bytes`` is the plain running mean, for reports. Only the
-    worker thread writes it, and a float read is atomic under the GIL, so it
-    needs no lock (and a fork can never catch one held).
-    """
-
-    DECAY = 0.1
-
-    def __init__(self) -> None:
-        self.mean_bytes = 0.0
-        self.estimate_bytes = 0.0
-        self._count = 0
-
-    def observe(self, size_bytes: int) -> None:
-        self._count += 1
-        self.mean_bytes += (size_bytes - self.mean_bytes) / self._count
-        decayed = self.estimate_bytes + (size_bytes - self.estimate_bytes) * self.DECAY
-        self.estimate_bytes = max(float(size_bytes), decayed)
 
 
 @dataclass
@@ -61,7 +36,7 @@ class Write:
 
     seq: int
     records: Sequence[Any]
-    line_format: str | None
+    line_format: str
     est_bytes: float
     count: int
     #: Which call of its method (per line format, from 1) this write was, for messages.
@@ -102,7 +77,7 @@ class RecordQueue:
         self.burst = DropBurst()
         self._calls: collections.Counter[str | None] = collections.Counter()
 
-    def put(self, records: Sequence[Any], line_format: str | None) -> tuple[bool, str | None, int]:
+    def put(self, records: Sequence[Any], line_format: str) -> tuple[bool, str | None, int]:
         """Queue a write; ``(False, reason, call)`` when it does not fit (never waits).
 
         ``call`` numbers the calls of each line format from 1, accepted or not.

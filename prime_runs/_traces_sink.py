@@ -24,7 +24,7 @@ from typing import Any
 
 from prime_runs._encoding import RunStamp
 from prime_runs._outage import Outage
-from prime_runs._queue import SizeMeter
+from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._sink_write import SinkWrite
 from prime_runs._spool import Spool

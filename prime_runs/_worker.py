@@ -8,30 +8,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from prime_runs._accounting import Accounting
-from prime_runs._encoding import INVALID_RECORD, is_episode
-from prime_runs._queue import (
-    DEFAULT_MAX_QUEUED_BYTES,
-    DEFAULT_MAX_QUEUED_RECORDS,
-    RecordQueue,
-    SizeMeter,
-    Write,
-)
-from prime_runs._sink import METHODS, Ledger, Origins, Sink, SinkStatus
-from prime_runs._spool import SPILL_TIMEOUT, Spool
+from prime_runs._accounting import Accounting, LossListener
+from prime_runs._delivery import DEADLINE, Delivery, Group, spool_of
+from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, RecordQueue, Write
+from prime_runs._sink import METHODS, Ledger, Origins, Sink
+from prime_runs._size_meter import SizeMeter
+from prime_runs._spool import SPILL_TIMEOUT
 from prime_runs.errors import SinkError
 from prime_traces._pool import call_in_forked_child, run_in_daemon, start_daemon
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WRITE_CAP_BYTES = 8 * 30 * 1024 * 1024
-STRIKES_TO_RETIRE = 3
-SINK_RETIRED = "sink_retired"
-DEADLINE = "deadline"
-SINK_INCOMPLETE = "sink_incomplete"
 #: Prefix of the reason for records lost to an unexpected error in the worker itself.
 WORKER_ERROR = "worker_error"
 #: How long close() waits, past its deadline, for the write in progress to account for itself.
@@ -40,40 +30,16 @@ ACCOUNTING_GRACE_S = 0.8
 DEFAULT_SPILL_TIMEOUT_S = 30.0
 
 
-@dataclass
-class _Group:
-    """Consecutive writes of one line format, handed to the sinks together."""
-
-    key: int
-    records: list[Any]
-    line_format: str
-    count: int
-    origins: Origins
-
-    def add(self, write: Write, records: Sequence[Any], first_item: int = 0) -> None:
-        self.origins.add(self.count, write.line_format, write.call, first_item)
-        self.records.extend(records)
-        self.count += len(records)
-
-    @classmethod
-    def of(cls, write: Write, records: Sequence[Any], line_format: str, first_item: int = 0) -> _Group:
-        group = cls(write.seq, [], line_format, 0, Origins())
-        group.add(write, records, first_item)
-        return group
-
-
 class UploadWorker:
     """Hands submitted records to sinks on one daemon thread; ``submit`` never blocks.
 
     ``submit`` costs O(1) in the size of the records: it takes a lock for
     bookkeeping only, and drops (and counts, with the reason) a write that
     does not fit the queue, which is bounded by records and by estimated
-    bytes. The worker takes up to ``write_cap_bytes`` at a time and hands each
-    write to every sink that is not retired. A sink retires when it reports
-    a ``PERMANENT`` refusal, or, without a spool, after three transient
-    failures in a row. What a sink leaves undelivered (the service failed,
-    the sink retired) goes to the sink's ``spool``, if it has one, on this
-    thread; what it refuses for the records' own fault is set aside there.
+    bytes. The worker takes up to ``write_cap_bytes`` at a time and hands it
+    to the sinks through :class:`~prime_runs._delivery.Delivery` (retirement,
+    spooling, setting aside). ``on_error`` hears of records that failed,
+    ``on_loss`` of every record lost (see ``Accounting``), and ``tick`` runs every ``tick_interval_s`` on the worker thread.
     ``flush`` and ``close`` wait up to their timeout; ``close`` then cancels
     the sinks, spools everything left within ``spill_timeout_s`` more, and
     accounts for the rest, so ``submitted = stored + dropped + failed +
@@ -83,7 +49,7 @@ class UploadWorker:
     Usage::
 
         worker = UploadWorker([TracesSink(client, stamp, context)])
-        worker.submit(episodes)          # never blocks
+        worker.submit(episodes, line_format="episode")   # never blocks
         worker.close(timeout_s=60)       # bounded
     """
 
@@ -94,6 +60,7 @@ class UploadWorker:
         max_queued_records: int = DEFAULT_MAX_QUEUED_RECORDS,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         on_error: Callable[[SinkError], Any] | None = None,
+        on_loss: LossListener | None = None,
         write_cap_bytes: int = DEFAULT_WRITE_CAP_BYTES,
         size_meter: SizeMeter | None = None,
         tick: Callable[[], Any] | None = None,
@@ -113,8 +80,9 @@ class UploadWorker:
         self.meter = size_meter or SizeMeter()
         self._limits = (max_queued_records, max_queued_bytes)
         self.write_cap_bytes = write_cap_bytes
-        self.on_error = on_error
-        self.tick = tick
+        self._on_error = on_error
+        self._on_loss = on_loss
+        self._tick = tick
         self.tick_interval_s = tick_interval_s
         self.name = name
         self._setup()
@@ -123,17 +91,12 @@ class UploadWorker:
     def _setup(self) -> None:
         # Also the after-fork hook: a child gets an empty queue, fresh locks and
         # no thread, so nothing the parent queued is uploaded twice.
-        self.accounting = Accounting([s.name for s in self.sinks])
+        self.accounting = Accounting([s.name for s in self.sinks], self._on_loss)
         self._queue = RecordQueue(*self._limits, self.meter)
         self._lock = threading.Lock()
-        self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._inflight: dict[int, list[Ledger]] = {}
-        self._strikes = {s.name: 0 for s in self.sinks}
-        self.retired: set[str] = set()
-        # Set once close() gives up waiting: spooling must end by then.
-        self._spill_deadline: float | None = None
-        self._spool_noted: set[str] = set()
+        self.delivery = Delivery(self.sinks, self._on_error)
         for sink in self.sinks:
             outage = getattr(sink, "outage", None)
             if outage is not None:  # what it uploads from its spool once the service is back counts as stored
@@ -141,13 +104,11 @@ class UploadWorker:
 
     # -- the caller's side ---------------------------------------------------
 
-    def submit(self, records: Sequence[Any] | Iterable[Any], *, line_format: str | None = None) -> bool:
-        """Queue ``records`` for the sinks; ``False`` means they were dropped (counted).
+    def submit(self, records: Sequence[Any] | Iterable[Any], *, line_format: str) -> bool:
+        """Queue ``records`` (``line_format`` ``"episode"`` or ``"trace"``); ``False`` means dropped (counted).
 
         The records are copied (the references, not the objects), so the caller
-        may clear or refill its list as soon as this returns. Without
-        ``line_format`` the first record decides (``episode`` if it has
-        ``traces``); a record that raises while inspected fails as ``invalid_record``.
+        may clear or refill its list as soon as this returns.
         """
         started = time.perf_counter()
         # Even a list is copied: a training loop logs its buffer, then clears
@@ -164,8 +125,8 @@ class UploadWorker:
         self.accounting.count_submit(count, time.perf_counter() - started)
         return accepted
 
-    def _drop_detail(self, count: int, reason: str | None, line_format: str | None, call: int) -> str:
-        what = f"{METHODS.get(line_format or '', 'submit')} call {call} ({count} records)"
+    def _drop_detail(self, count: int, reason: str | None, line_format: str, call: int) -> str:
+        what = f"{METHODS.get(line_format, 'submit')} call {call} ({count} records)"
         if reason == "closed":
             return f"{what} came after finish(): its records are not logged"
         queue = self._queue
@@ -217,11 +178,11 @@ class UploadWorker:
                 outage = getattr(sink, "outage", None)
                 if outage is not None:
                     outage.wait_for_resync(deadline)
-        spools = any(self._spool_of(sink) is not None for sink in self.sinks)
+        spools = any(spool_of(sink) is not None for sink in self.sinks)
         spill_deadline = time.monotonic() + (self.spill_timeout_s if spools else 0.0)
         if not flushed:
-            self._spill_deadline = spill_deadline
-            self._cancel.set()
+            self.delivery.spill_deadline = spill_deadline  # spooling must end by then
+            self.delivery.cancel.set()
         left = self._queue.close()
         kept = self._keep_left(left) if left else None
         waited_until = spill_deadline + ACCOUNTING_GRACE_S
@@ -232,7 +193,7 @@ class UploadWorker:
         with self._lock:
             for ledgers in self._inflight.values():
                 for sink, ledger in zip(self.sinks, ledgers):
-                    ledger.close(SPILL_TIMEOUT if self._spool_of(sink) else DEADLINE, keep_reasons=False)
+                    ledger.close(SPILL_TIMEOUT if spool_of(sink) else DEADLINE, keep_reasons=False)
             self._inflight.clear()
         self._queue.mark_all_done()
         self._report_drops()
@@ -245,29 +206,18 @@ class UploadWorker:
 
     def _keep_left(self, left: list[Write]) -> threading.Event:
         """Spool the writes still queued at close, on a daemon helper; the event is set when it is done."""
-        # Consecutive writes of one line format go as one: one fsync for many small writes.
-        groups: list[_Group] = []
-        for write in left:
-            records = list(write.records)[: write.count]
-            if write.line_format is not None and groups and groups[-1].line_format == write.line_format:
-                groups[-1].add(write, records)
-            else:
-                groups.append(_Group.of(write, records, write.line_format or ""))
+        # Grouped by line format: one fsync for many small writes.
+        groups = Group.of(left)
         with self._lock:  # registered first: what the deadline finds unfinished, close() accounts for
             for group in groups:
                 self._inflight[group.key] = self._ledgers(group.count, group.origins)
             entries = [(group, self._inflight[group.key]) for group in groups]
+
         def keep() -> None:
             try:
                 for group, ledgers in entries:
-                    skipped, line_format = 0, group.line_format
-                    why = None
-                    if not line_format:
-                        write = Write(group.key, group.records, None, 0.0, group.count)
-                        skipped, line_format, why = self._detect_line_format(write)
                     for sink, ledger in zip(self.sinks, ledgers):
-                        ledger.failed(range(skipped), INVALID_RECORD, why)
-                        self._keep(sink, group.records, line_format, ledger, DEADLINE)
+                        self.delivery.keep(sink, group.records, group.line_format, ledger, DEADLINE)
                     with self._lock:
                         self._inflight.pop(group.key, None)
             except Exception:  # noqa: BLE001  (what is not kept is accounted for by close())
@@ -284,12 +234,17 @@ class UploadWorker:
             queued_records=self._queue.queued_records,
             queued_bytes=int(self._queue.queued_bytes),
             in_flight_records=inflight,
-            retired_sinks=sorted(self.retired),
+            retired_sinks=sorted(self.delivery.retired),
         )
         for sink in self.sinks:
             if callable(getattr(sink, "stats", None)):
                 snap["sinks"][sink.name].update(sink.stats())
         return snap
+
+    @property
+    def retired(self) -> set[str]:
+        """The names of the sinks retired for the rest of the run."""
+        return self.delivery.retired
 
     @property
     def dropped_records(self) -> int:
@@ -304,7 +259,7 @@ class UploadWorker:
 
     def _claim(self, writes: list[Write]) -> None:
         # Runs under the queue's lock and calls no user code: from here on
-        # close() sees the taken records, whatever detecting formats does.
+        # close() sees the taken records.
         with self._lock:
             origins = Origins()
             start = 0
@@ -313,33 +268,9 @@ class UploadWorker:
                 start += write.count
             self._inflight[writes[0].seq] = self._ledgers(start, origins)
 
-    def _group(self, writes: list[Write]) -> list[_Group]:
+    def _group(self, writes: list[Write]) -> list[Group]:
         """Swap the claim on ``writes`` for one per group; [] when close() took them meanwhile."""
-        # Consecutive writes of one line format go to the sinks as one: many
-        # small log_episodes() calls still fill batches and the request window.
-        with self._lock:
-            claim = self._inflight.get(writes[0].seq)
-        if claim is None:
-            return []
-        groups: list[_Group] = []
-        offset = 0  # where this write's records start in the claim's ledger
-        for write in writes:
-            records, line_format = write.records, write.line_format
-            start, offset = offset, offset + write.count
-            skipped = 0
-            if line_format is None:
-                skipped, line_format, why = self._detect_line_format(write)
-                if skipped:
-                    for ledger in claim:
-                        ledger.failed(range(start, start + skipped), INVALID_RECORD, why)
-                    self._report_failures({s.name: {INVALID_RECORD: skipped} for s in self.sinks}, claim[0])
-                    records = records[skipped:]
-            if not records:
-                continue
-            if groups and groups[-1].line_format == line_format:
-                groups[-1].add(write, records, skipped)
-            else:
-                groups.append(_Group.of(write, records, line_format, skipped))
+        groups = Group.of(writes)
         with self._lock:
             if self._inflight.pop(writes[0].seq, None) is None:
                 return []
@@ -350,34 +281,10 @@ class UploadWorker:
     def _ledgers(self, records: int, origins: Origins) -> list[Ledger]:
         return [Ledger(self.accounting, s.name, records, origins) for s in self.sinks]
 
-    @staticmethod
-    def _detect_line_format(write: Write) -> tuple[int, str, str | None]:
-        """How many leading records could not be inspected, and the format of the first that could.
-
-        Detection runs user code (a ``traces`` property, a mapping's
-        ``__getitem__``). A record that raises there is a bad record: it
-        loses only itself, as it would in encoding, and the next one decides.
-        """
-        skipped, line_format = 0, "trace"
-        first_error: BaseException | None = None
-        for record in write.records:
-            try:
-                line_format = "episode" if is_episode(record) else "trace"
-                break
-            except BaseException as err:  # noqa: BLE001  (user code may raise anything: the record fails alone)
-                first_error = first_error or err
-                skipped += 1
-        why = None
-        if first_error is not None:
-            why = (f"its line format could not be detected ({type(first_error).__name__}: {first_error}); "
-                   "pass line_format to submit()")  # fmt: skip
-            logger.warning("%d of %d records not logged (%s): %s", skipped, write.count, INVALID_RECORD, why)
-        return skipped, line_format, why
-
     def _run(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
         while True:
-            timeout = max(0.0, next_tick - time.monotonic()) if self.tick is not None else None
+            timeout = max(0.0, next_tick - time.monotonic()) if self._tick is not None else None
             writes: list[Write] = []
             try:
                 writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._claim)
@@ -389,7 +296,7 @@ class UploadWorker:
                 logger.exception("upload worker failed on a write; its records are counted as failed")
                 self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
             self._queue.done(writes)
-            if self.tick is not None and time.monotonic() >= next_tick:
+            if self._tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.tick_interval_s
                 self._run_tick()
             if not writes and self._queue.closed:
@@ -404,100 +311,23 @@ class UploadWorker:
         for ledgers in claims:
             for ledger in ledgers:
                 lost[ledger.sink] += ledger.close(reason)
-        self._report_failures({sink: {reason: n} for sink, n in lost.items() if n})
+        self.delivery.report_failures({sink: {reason: n} for sink, n in lost.items() if n})
 
     def _run_tick(self) -> None:
         try:
-            assert self.tick is not None
-            self.tick()
+            assert self._tick is not None
+            self._tick()
         except Exception:  # noqa: BLE001  (a periodic hook must not kill the worker)
             logger.warning("periodic run update failed", exc_info=True)
 
-    def _process(self, group: _Group) -> None:
+    def _process(self, group: Group) -> None:
         with self._lock:
             ledgers = self._inflight.get(group.key)
         if ledgers is None:  # closed at the deadline meanwhile
             return
-        for sink, ledger in zip(self.sinks, ledgers):
-            status = None
-            if sink.name in self.retired:
-                reason = SINK_RETIRED
-            elif self._cancel.is_set():
-                reason = DEADLINE
-            else:
-                try:
-                    status = sink.write(group.records, group.line_format, ledger, self._cancel)
-                except Exception as err:  # noqa: BLE001  (a broken sink loses its write, not the worker)
-                    logger.warning("sink %s failed on a write of %d records", sink.name, group.count, exc_info=True)
-                    ledger.undelivered(range(group.count), f"sink_error:{type(err).__name__}")
-                    status = SinkStatus.TRANSIENT
-                reason = DEADLINE if self._cancel.is_set() else SINK_INCOMPLETE
-            self._keep(sink, group.records, group.line_format, ledger, reason)
-            if status is not None:
-                self._after_write(sink, ledger, status)
+        self.delivery.deliver(group.records, group.line_format, ledgers)
         with self._lock:
             self._inflight.pop(group.key, None)
-
-    @staticmethod
-    def _spool_of(sink: Sink) -> Spool | None:
-        return getattr(sink, "spool", None)
-
-    def _keep(self, sink: Sink, records: Sequence[Any], line_format: str, ledger: Ledger, reason: str) -> None:
-        """Spool what ``sink`` left undelivered (open records as ``reason``), set aside what it refused."""
-        spool = self._spool_of(sink)
-        if spool is None:
-            ledger.close(reason)
-            return
-        groups = ledger.take_undelivered(reason)
-        lost = SPILL_TIMEOUT
-        if groups:
-            spooled = 0
-            try:
-                spooled = spool.spill(records, line_format, ledger, groups, self._spill_deadline)
-            except Exception as err:  # noqa: BLE001  (a failed spill loses those records, never the worker)
-                logger.warning("spooling %d records to %s failed", sum(len(g.indexes) for g in groups),
-                               spool.directory, exc_info=True)  # fmt: skip
-                lost = f"spool_error:{type(err).__name__}"
-            if spooled and sink.name not in self._spool_noted:
-                self._spool_noted.add(sink.name)
-                why = ", ".join(sorted({g.reason for g in groups}))
-                logger.warning("%s sink: records not delivered (%s) are kept in %s; `prime-runs sync %s` "
-                               "uploads them", sink.name, why, spool.directory, spool.directory)  # fmt: skip
-        else:
-            spool.set_aside(records, line_format, ledger)
-        ledger.close(lost, keep_reasons=False)
-
-    def _after_write(self, sink: Sink, ledger: Ledger, status: SinkStatus) -> None:
-        if status is SinkStatus.PERMANENT and sink.name not in self.retired:
-            self.retired.add(sink.name)
-            kept = "kept on disk for `prime-runs sync`" if self._spool_of(sink) else "counted as failed"
-            why = getattr(sink, "permanent_refusal", None) or ", ".join(sorted(ledger.failures)) or "refused"
-            logger.error("sink %s was refused in a way no later request can get past (%s): it is retired for the "
-                         "rest of the run, and its records are %s (%s)", sink.name, why, kept, SINK_RETIRED)  # fmt: skip
-        elif status is SinkStatus.TRANSIENT and self._spool_of(sink) is None:
-            # With a spool nothing is lost by going on (an outage waits on disk): only a sink
-            # without one is retired after failing writes in a row, to stop spending requests.
-            self._strikes[sink.name] += 1
-            if self._strikes[sink.name] >= STRIKES_TO_RETIRE and sink.name not in self.retired:
-                self.retired.add(sink.name)
-                kept = "kept on disk" if self._spool_of(sink) else "counted as failed"
-                logger.error(
-                    "sink %s failed %d writes in a row and is retired for the rest of the run; "
-                    "its records are %s (%s)", sink.name, STRIKES_TO_RETIRE, kept, SINK_RETIRED,
-                )  # fmt: skip
-        else:
-            self._strikes[sink.name] = 0
-        if ledger.failures:
-            self._report_failures({sink.name: dict(ledger.failures)}, ledger)
-
-    def _report_failures(self, failures: dict[str, dict[str, int]], ledger: Ledger | None = None) -> None:
-        if self.on_error is None:
-            return
-        for sink, reasons in failures.items():
-            try:
-                self.on_error(SinkError(sink, reasons, ledger.first_detail if ledger is not None else None))
-            except Exception:  # noqa: BLE001
-                logger.warning("on_error callback failed", exc_info=True)
 
     def _report_drops(self) -> None:
         burst = self._queue.take_burst()

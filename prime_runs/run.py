@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prime_runs import _interrupt
@@ -21,6 +21,7 @@ from prime_runs._metrics_lane import MetricsLane
 from prime_runs._run_file import RunFile
 from prime_runs._rundir import RunDirectory
 from prime_runs._shutdown import ShutdownHooks
+from prime_runs._sink import Sink
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
 from prime_traces._pool import call_in_forked_child, run_in_daemon
@@ -58,7 +59,7 @@ class Run:
         mode: str,
         url: str | None,
         config: dict[str, Any],
-        worker: UploadWorker | None,
+        sinks: Sequence[Sink] | None,
         lifecycle: RunLifecycle | None,
         owner: bool,
         on_error: str,
@@ -69,6 +70,7 @@ class Run:
         service_url: str | None = None,
         console: Console | None = None,
         metrics: MetricsLane | None = None,
+        worker_options: Mapping[str, Any] | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -94,6 +96,11 @@ class Run:
         #: What the run says on the terminal (``init(console=...)``).
         self.console = console if console is not None else Console(enabled=False)
         self._run_file = RunFile(rundir, self._document) if rundir is not None and owner else None
+        # The run's own callbacks go in at construction: the worker never runs without them.
+        worker = None
+        if sinks is not None:
+            worker = UploadWorker(sinks, on_error=self._note_error, on_loss=self.console.heard, tick=self._tick,
+                                  **dict(worker_options or {}))  # fmt: skip
         self._worker = worker
         self._lifecycle = lifecycle
         self._owner = owner

@@ -53,20 +53,6 @@ def test_a_base_exception_from_to_record_fails_that_record_alone(service, error)
     assert f"to_record() raised {type(error).__name__}" in counts["failure_details"]["invalid_record"]
 
 
-class _RaisingTraces:
-    @property
-    def traces(self) -> list[Any]:
-        raise SystemExit(4)
-
-
-def test_a_base_exception_while_the_format_is_detected_fails_that_record_alone(service):
-    run = online(service, console="off")
-    run._worker.submit([_RaisingTraces(), episode("ok", [trace("ok-t")])])  # no line format: detected
-    run.finish(timeout_s=FLUSH_TIMEOUT_S)
-    assert stored_episodes(service) == {"ok": 1}
-    assert run.stats()["sinks"]["traces"]["failed"] == {"invalid_record": 1}
-
-
 def test_no_value_in_config_or_summary_stops_the_status_from_being_recorded(service):
     run = online(service, console="off", config={"lr": np.float32(0.25), 7: "seven"})
     run.update_config({"layers": {1: np.int64(3)}, "tags": {"a"}})

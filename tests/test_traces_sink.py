@@ -17,7 +17,7 @@ import pytest
 from _wire import episode, trace
 from prime_runs._accounting import Accounting
 from prime_runs._encoding import RunStamp
-from prime_runs._queue import SizeMeter
+from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._traces_sink import TracesSink
 from prime_traces import TracesClient

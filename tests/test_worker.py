@@ -5,17 +5,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from _run_helpers import MARKER, episodes, stored_episodes
 
-from prime_runs._encoding import INVALID_RECORD, RunStamp
-from prime_runs._queue import RecordQueue, SizeMeter
+from prime_runs._encoding import RunStamp
+from prime_runs._queue import RecordQueue
+from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._traces_sink import TracesSink
-from prime_runs._worker import DEADLINE, SINK_RETIRED, WORKER_ERROR, UploadWorker
+from prime_runs._delivery import DEADLINE, SINK_RETIRED
+from prime_runs._worker import WORKER_ERROR, UploadWorker
 from prime_runs.errors import SinkError
 from prime_traces import TracesClient
 
@@ -77,13 +79,13 @@ def assert_buckets(worker: UploadWorker, *, submitted: int, stored: int, dropped
 def test_submit_never_waits_on_a_blocked_sink_and_counts_every_drop():
     sink = GatedSink()
     worker = UploadWorker([sink], max_queued_records=100)
-    assert worker.submit([{"id": "first"}])
+    assert worker.submit([{"id": "first"}], line_format="trace")
     assert sink.entered.wait(GATE_TIMEOUT_S)  # the worker holds one write; the queue is empty
     slowest = 0.0
     accepted = dropped = 0
     for i in range(10_000):
         started = time.perf_counter()
-        ok = worker.submit([{"id": f"r{i}"}])
+        ok = worker.submit([{"id": f"r{i}"}], line_format="trace")
         slowest = max(slowest, time.perf_counter() - started)
         accepted += ok
         dropped += not ok
@@ -101,7 +103,7 @@ def test_a_write_larger_than_the_bound_fits_an_empty_queue():
     sink = GatedSink()
     sink.gate.set()
     worker = UploadWorker([sink], max_queued_records=10)
-    assert worker.submit([{"id": str(i)} for i in range(50)])
+    assert worker.submit([{"id": str(i)} for i in range(50)], line_format="trace")
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.writes == [50]
     assert_buckets(worker, submitted=50, stored=50)
@@ -112,9 +114,9 @@ def test_the_queue_refuses_by_bytes_before_it_refuses_by_records():
     meter = SizeMeter()
     meter.observe(1_000)  # the worker has measured records of 1 kB
     worker = UploadWorker([sink], max_queued_records=1_000, max_queued_bytes=10_000, size_meter=meter)
-    assert worker.submit([{"id": "holder"}])
+    assert worker.submit([{"id": "holder"}], line_format="trace")
     assert sink.entered.wait(GATE_TIMEOUT_S)
-    results = [worker.submit([{"id": f"r{i}"}]) for i in range(20)]
+    results = [worker.submit([{"id": f"r{i}"}], line_format="trace") for i in range(20)]
     assert results == [True] * 9 + [False] * 11  # the record in flight is held too: 1 + 9 records of 1 kB
     assert worker.accounting.snapshot()["dropped"] == {"queue_full_bytes": 11}
     sink.gate.set()
@@ -125,7 +127,7 @@ def test_the_queue_refuses_by_bytes_before_it_refuses_by_records():
 def test_flush_waits_for_everything_submitted_before_it():
     sink = GatedSink()
     worker = UploadWorker([sink])
-    worker.submit([{"id": "a"}, {"id": "b"}])
+    worker.submit([{"id": "a"}, {"id": "b"}], line_format="trace")
     assert not worker.flush(timeout_s=0.05)
     sink.gate.set()
     assert worker.flush(timeout_s=GATE_TIMEOUT_S)
@@ -139,7 +141,7 @@ def test_three_transient_failures_in_a_row_retire_the_sink():
     errors: list[SinkError] = []
     worker = UploadWorker([sink], on_error=errors.append)
     for i in range(5):
-        worker.submit([{"id": f"{i}-a"}, {"id": f"{i}-b"}])
+        worker.submit([{"id": f"{i}-a"}, {"id": f"{i}-b"}], line_format="trace")
         assert worker.flush(timeout_s=GATE_TIMEOUT_S)
     worker.close(timeout_s=1)
     assert sink.writes == [2, 2, 2]
@@ -155,9 +157,9 @@ def test_three_transient_failures_in_a_row_retire_the_sink():
 def test_close_returns_at_its_deadline_even_when_a_sink_never_returns():
     sink = GatedSink(honour_cancel=False)
     worker = UploadWorker([sink])
-    worker.submit([{"id": "stuck"}] * 3)
+    worker.submit([{"id": "stuck"}] * 3, line_format="trace")
     assert sink.entered.wait(GATE_TIMEOUT_S)
-    worker.submit([{"id": "queued"}] * 2)
+    worker.submit([{"id": "queued"}] * 2, line_format="trace")
     started = time.monotonic()
     assert worker.close(timeout_s=0.5) is False
     elapsed = time.monotonic() - started
@@ -173,7 +175,7 @@ def test_submit_after_close_is_dropped_and_counted():
     sink.gate.set()
     worker = UploadWorker([sink])
     worker.close(timeout_s=1)
-    assert worker.submit([{"id": "late"}]) is False
+    assert worker.submit([{"id": "late"}], line_format="trace") is False
     assert worker.accounting.snapshot()["dropped"] == {"closed": 1}
 
 
@@ -183,9 +185,9 @@ def test_a_sink_that_raises_loses_its_write_not_the_worker():
             raise RuntimeError("boom")
 
     worker = UploadWorker([Broken()])
-    worker.submit([{"id": "a"}])
+    worker.submit([{"id": "a"}], line_format="trace")
     assert worker.flush(timeout_s=GATE_TIMEOUT_S)
-    worker.submit([{"id": "b"}])
+    worker.submit([{"id": "b"}], line_format="trace")
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert_buckets(worker, submitted=2, stored=0, failed={"sink_error:RuntimeError": 2})
 
@@ -207,12 +209,12 @@ def test_writes_waiting_together_reach_the_sink_as_one_per_line_format():
 
     sink.write = write
     worker = UploadWorker([sink])
-    worker.submit([{"id": "first"}])
+    worker.submit([{"id": "first"}], line_format="trace")
     assert sink.entered.wait(GATE_TIMEOUT_S)
     for i in range(5):
-        worker.submit([{"id": f"e{i}", "traces": []}] * 2)  # episodes
+        worker.submit([{"id": f"e{i}", "traces": []}] * 2, line_format="episode")
     worker.submit([{"id": "t"}] * 3, line_format="trace")
-    worker.submit([{"id": "e", "traces": []}])
+    worker.submit([{"id": "e", "traces": []}], line_format="episode")
     sink.gate.set()
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.writes == [1, 10, 3, 1]
@@ -223,7 +225,7 @@ def test_writes_waiting_together_reach_the_sink_as_one_per_line_format():
 def _held_worker(sink: GatedSink, **options: Any) -> UploadWorker:
     """A worker whose thread is inside the sink with one record, so later writes wait in the queue."""
     worker = UploadWorker([sink], **options)
-    assert worker.submit([{"id": "holder"}])
+    assert worker.submit([{"id": "holder"}], line_format="trace")
     assert sink.entered.wait(GATE_TIMEOUT_S)
     return worker
 
@@ -238,7 +240,7 @@ def test_a_caller_reusing_its_list_after_submit_loses_and_gains_nothing(reuse):
     worker = _held_worker(sink)
     buf = [{"id": f"ep{i}"} for i in range(64)]
     expected = list(buf)
-    assert worker.submit(buf)
+    assert worker.submit(buf, line_format="trace")
     reuse(buf)  # the training-loop pattern: log the buffer, then clear or keep filling it
     assert worker.stats()["queued_records"] == 64
     sink.gate.set()
@@ -252,8 +254,8 @@ def test_a_caller_reusing_its_list_after_submit_loses_and_gains_nothing(reuse):
 def test_the_queue_counts_a_write_as_it_was_put_whatever_happens_to_the_list_later():
     queue = RecordQueue(100, 10**9, SizeMeter())
     shrunk, grown = [{"id": "a"}, {"id": "b"}, {"id": "c"}], [{"id": "d"}]
-    assert queue.put(shrunk, None) == (True, None, 1)
-    assert queue.put(grown, "trace") == (True, None, 1)
+    assert queue.put(shrunk, "trace") == (True, None, 1)
+    assert queue.put(grown, "trace") == (True, None, 2)  # the second call of this method
     shrunk.clear()
     grown.extend([{"id": "e"}] * 10)
     taken = queue.take(float("inf"), 0)
@@ -261,80 +263,8 @@ def test_the_queue_counts_a_write_as_it_was_put_whatever_happens_to_the_list_lat
     assert queue.queued_records == 0
     assert queue.queued_bytes == 0
     # Drift would refuse this write although the queue is empty of records.
-    assert queue.put([{"id": "f"}] * 100, None)[:2] == (True, None)
-    assert queue.put([{"id": "g"}], None)[:2] == (False, "queue_full_records")
-
-
-class _RaisingEpisode:
-    """An object whose ``traces`` property fails, as user code may."""
-
-    @property
-    def traces(self) -> list[Any]:
-        raise RuntimeError("traces not loaded")
-
-
-class _RaisingMapping(Mapping[str, Any]):
-    """A mapping whose lookups fail, so ``"traces" in record`` raises."""
-
-    def __getitem__(self, key: str) -> Any:
-        raise RuntimeError("lookup failed")
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
-@pytest.mark.parametrize("bad", [_RaisingEpisode, _RaisingMapping])
-def test_a_record_that_raises_while_its_format_is_detected_loses_only_itself(bad, caplog):
-    sink = GatedSink()
-    sink.gate.set()
-    errors: list[SinkError] = []
-    worker = UploadWorker([sink], on_error=errors.append)
-    episode = {"id": "e", "traces": []}
-    with caplog.at_level(logging.WARNING, logger="prime_runs"):
-        assert worker.submit([bad(), bad(), episode, {"id": "t", "traces": []}])
-        assert worker.flush(timeout_s=GATE_TIMEOUT_S)
-    assert worker.accounting.sinks["test"].failed == {INVALID_RECORD: 2}
-    assert sink.received == [episode, {"id": "t", "traces": []}]
-    assert [e.failures for e in errors] == [{INVALID_RECORD: 2}]
-    assert "line format could not be detected (RuntimeError" in caplog.text
-    assert errors[0].detail.startswith("the record at submit call 1, item 0: its line format could not be detected")
-    assert_buckets(worker, submitted=4, stored=2, failed={INVALID_RECORD: 2})
-    # The worker is still there for what comes next, including a write of nothing but bad records.
-    assert worker.submit([bad()])
-    assert worker.submit([{"id": "later"}])
-    assert worker.close(timeout_s=GATE_TIMEOUT_S)
-    assert sink.received[-1] == {"id": "later"}
-    assert_buckets(worker, submitted=6, stored=3, failed={INVALID_RECORD: 3})
-
-
-def test_close_accounts_for_a_write_whose_format_detection_never_returns():
-    detecting, release = threading.Event(), threading.Event()
-
-    class Stuck:
-        @property
-        def traces(self) -> list[Any]:
-            detecting.set()
-            release.wait(GATE_TIMEOUT_S)
-            return []
-
-    sink = GatedSink()
-    sink.gate.set()
-    worker = UploadWorker([sink])
-    try:
-        assert worker.submit([Stuck(), {"id": "b"}])
-        assert detecting.wait(GATE_TIMEOUT_S)
-        assert worker.close(timeout_s=0.1) is False
-        assert_buckets(worker, submitted=2, stored=0, failed={DEADLINE: 2})
-    finally:
-        release.set()
-    # The detection finishing late changes nothing: the write was accounted for at the deadline.
-    assert worker._thread is not None
-    worker._thread.join(GATE_TIMEOUT_S)
-    assert not worker._thread.is_alive()
-    assert_buckets(worker, submitted=2, stored=0, failed={DEADLINE: 2})
+    assert queue.put([{"id": "f"}] * 100, "trace")[:2] == (True, None)
+    assert queue.put([{"id": "g"}], "trace")[:2] == (False, "queue_full_records")
 
 
 def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_on(caplog):
@@ -355,16 +285,17 @@ def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_o
     worker._report_drops = broken_once
     reason = f"{WORKER_ERROR}:RuntimeError"
     with caplog.at_level(logging.WARNING, logger="prime_runs"):
-        assert worker.submit([{"id": "a"}, {"id": "b"}])
+        assert worker.submit([{"id": "a"}, {"id": "b"}], line_format="trace")
         assert worker.flush(timeout_s=GATE_TIMEOUT_S)
     assert [r.exc_info is not None for r in caplog.records] == [True]
     assert worker.accounting.sinks["test"].failed == {reason: 2}
     assert [e.failures for e in errors] == [{reason: 2}]
     assert_buckets(worker, submitted=2, stored=0, failed={reason: 2})
-    assert worker.submit([{"id": "c"}])
+    assert worker.submit([{"id": "c"}], line_format="trace")
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.received == [{"id": "c"}]
     assert_buckets(worker, submitted=3, stored=1, failed={reason: 2})
+
 
 
 def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_flight():
@@ -374,13 +305,13 @@ def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_fl
     worker = UploadWorker([sink], max_queued_records=10_000, max_queued_bytes=1_000_000, size_meter=meter)
     for _ in range(500):  # a long run of small records: the estimate learns 1 kB
         meter.observe(1_000)
-    assert worker.submit([{"id": f"small-{i}"} for i in range(100)]) and worker.flush(timeout_s=GATE_TIMEOUT_S)
+    assert worker.submit([{"id": f"small-{i}"} for i in range(100)], line_format="trace") and worker.flush(timeout_s=GATE_TIMEOUT_S)
     sink.gate.clear()
     sink.entered.clear()
-    assert worker.submit([{"id": "big-0"}])  # taken by the worker, held in flight
+    assert worker.submit([{"id": "big-0"}], line_format="trace")  # taken by the worker, held in flight
     assert sink.entered.wait(GATE_TIMEOUT_S)
     meter.observe(10_000)  # the worker measured the first grown record: 10 kB
-    results = [worker.submit([{"id": f"big-{i}"}]) for i in range(1, 300)]
+    results = [worker.submit([{"id": f"big-{i}"}], line_format="trace") for i in range(1, 300)]
     held = 1 + results.count(True)
     assert held * 10_000 <= 1_000_000 and held == 100  # 1 in flight + 99 queued; a mean would have let 300 in
     assert meter.mean_bytes < 1_100 and meter.estimate_bytes == 10_000

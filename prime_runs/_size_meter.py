@@ -1,0 +1,34 @@
+"""The estimate of a record's encoded size that bounds the run's memory.
+
+The worker's encoder feeds it as it measures records; the record queue reads
+it in ``put`` to turn a count of held records into bytes. It sits apart from
+both so that neither stage imports the other for it.
+"""
+
+from __future__ import annotations
+
+
+class SizeMeter:
+    """An estimate of the encoded size of the run's next records, fed by the worker, read by ``put``.
+
+    It reacts to growth at once (a record larger than the estimate becomes
+    the estimate) and decays toward smaller sizes by ``DECAY`` per record, so
+    a run whose records grow tenfold is bounded by their new size from the
+    first one the worker sees, and one outlier does not shrink the queue for
+    long. ``mean_bytes`` is the plain running mean, for reports. Only the
+    worker thread writes it, and a float read is atomic under the GIL, so it
+    needs no lock (and a fork can never catch one held).
+    """
+
+    DECAY = 0.1
+
+    def __init__(self) -> None:
+        self.mean_bytes = 0.0
+        self.estimate_bytes = 0.0
+        self._count = 0
+
+    def observe(self, size_bytes: int) -> None:
+        self._count += 1
+        self.mean_bytes += (size_bytes - self.mean_bytes) / self._count
+        decayed = self.estimate_bytes + (size_bytes - self.estimate_bytes) * self.DECAY
+        self.estimate_bytes = max(float(size_bytes), decayed)
