@@ -1,11 +1,13 @@
-"""A pool of daemon threads that never hold up exit, and after-fork callbacks that die with their object.
+"""An executor of daemon threads that never hold up exit, and after-fork callbacks that die with their object.
 
-``concurrent.futures.ThreadPoolExecutor`` joins its workers at interpreter
-exit, so one hung request would keep a finished training job alive. This pool
-hands out the same ``Future`` objects, but its workers are daemon threads
-that nothing joins: at exit, work still running is abandoned. As in the
-stdlib pool, a worker holds its pool only weakly, so a pool nobody shut down
-still ends its threads once it is garbage.
+:class:`DaemonPool` is a ``concurrent.futures.Executor`` but not the stdlib's
+``ThreadPoolExecutor``: that one joins its workers at interpreter exit, so one
+hung request would keep a finished training job alive. This pool hands out
+the same ``Future`` objects and honours ``submit``, ``map``, ``shutdown`` and
+``with``, but its workers are daemon threads that nothing joins: at exit,
+work still running is abandoned. As in the stdlib pool, a worker holds its
+pool only weakly, so a pool nobody shut down still ends its threads once it
+is garbage.
 
 :func:`call_in_forked_child` keeps every after-fork callback in one weak
 registry behind a single ``os.register_at_fork`` hook: the interpreter never
@@ -23,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,10 @@ T = TypeVar("T")
 
 _SHUTDOWN = object()
 _pool_ids = itertools.count(1)
+
+#: How long leaving a ``with DaemonPool(...)`` block waits for its work: slow
+#: work finishes, a hung call is reported instead of blocking the caller for ever.
+DEFAULT_EXIT_TIMEOUT_S = 300.0
 
 #: The after-fork callbacks of live objects, in registration order; an entry leaves as its object dies.
 _in_forked_child: dict[int, tuple[weakref.ref[Any], Callable[[Any], Any]]] = {}
@@ -111,28 +117,46 @@ def run_in_daemon(target: Callable[[], Any], name: str) -> threading.Event:
     return done
 
 
-class DaemonPool:
-    """Run callables on up to ``max_workers`` daemon threads.
+class DaemonPool(Executor):
+    """An ``Executor`` running callables on up to ``max_workers`` daemon threads.
+
+    Not ``ThreadPoolExecutor``: the stdlib joins its workers at interpreter
+    exit, so one hung request would keep a finished job alive. These workers
+    are daemon threads that nothing joins: at exit, work still running is
+    abandoned. Everything else is what code written for executors expects.
 
     ``submit`` never blocks: work waits in an unbounded queue (callers bound
     what they submit, as the uploader does with its window). Threads start
-    lazily, one per submit until ``max_workers``. ``shutdown`` is idempotent
-    and only waits as long as it is told to. A pool dropped without
-    ``shutdown`` ends its threads too, once the work queued before runs: they
-    hold it only weakly. After ``fork`` the child gets a fresh, empty pool: it
-    never runs or waits on the parent's work.
+    lazily, one per submit until ``max_workers``; when none can start (the
+    interpreter is exiting) and none is alive, ``submit`` runs the work itself.
+    ``map`` is the Executor's: it submits every call at once, yields results
+    in order, re-raises the first exception met (cancelling the calls not yet
+    started), counts ``timeout`` from the call to ``map``, and ignores
+    ``chunksize`` as thread pools do.
+
+    ``shutdown`` has the stdlib's semantics plus a bound (see there). Leaving
+    a ``with`` block shuts down and waits up to ``exit_timeout_s`` (None: as
+    long as it takes); past that the work goes on in its daemon threads and
+    ``TimeoutError`` is raised, unless the block is already raising. A pool
+    dropped without ``shutdown`` ends its threads too, once the work queued
+    before runs: they hold it only weakly. After ``fork`` the child gets a
+    fresh, empty, open pool: it never runs or waits on the parent's work. All
+    methods are thread-safe.
 
     Usage::
 
-        pool = DaemonPool(8, name="prime-traces-upload")
-        future = pool.submit(send, batch)
-        receipt = future.result(timeout=120)
+        with DaemonPool(8, name="prime-traces-upload") as pool:
+            receipts = list(pool.map(send, batches, timeout=120))
     """
 
-    def __init__(self, max_workers: int, *, name: str = "prime-traces-pool") -> None:
+    def __init__(self, max_workers: int, *, name: str = "prime-traces-pool",
+                 exit_timeout_s: float | None = DEFAULT_EXIT_TIMEOUT_S) -> None:  # fmt: skip
         if max_workers < 1:
             raise ValueError(f"max_workers must be greater than 0, not {max_workers}")
+        if exit_timeout_s is not None and exit_timeout_s < 0:
+            raise ValueError(f"exit_timeout_s must be 0 or more (or None), not {exit_timeout_s}")
         self.max_workers = max_workers
+        self.exit_timeout_s = exit_timeout_s
         self._name = f"{name}-{next(_pool_ids)}"
         self._lock = threading.Lock()
         self._reset()
@@ -147,13 +171,16 @@ class DaemonPool:
         self._idle = 0
         self._shutdown = False
 
-    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
-        """Queue ``fn(*args, **kwargs)``; returns its Future at once."""
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Queue ``fn(*args, **kwargs)``; returns its Future at once.
+
+        Raises RuntimeError once the pool is shut down.
+        """
         future: Future[T] = Future()
         inline = False
         with self._lock:
             if self._shutdown:
-                raise RuntimeError("cannot submit to a pool that was shut down")
+                raise RuntimeError("cannot schedule new futures after shutdown")
             self._queue.put((future, fn, args, kwargs))
             if self._idle > 0:
                 self._idle -= 1
@@ -200,23 +227,53 @@ class DaemonPool:
         with self._lock:
             self._idle += 1
 
-    def shutdown(self, timeout_s: float | None = 0.0) -> bool:
-        """Stop the workers after the queued work; wait up to ``timeout_s``.
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False,  # type: ignore[override]
+                 timeout_s: float | None = None) -> bool:  # fmt: skip
+        """Take no more work; let the workers end once the queue is empty. Idempotent.
 
-        Returns True when every worker ended in time. Work still running after
-        that is abandoned (the threads are daemons).
+        ``cancel_futures=True`` first cancels every queued future that has not
+        started. ``wait=True`` then blocks until the submitted work has
+        finished, or at most ``timeout_s`` (None: no bound); ``wait=False``
+        returns at once. Returns True when every worker has ended; False means
+        work still runs on daemon threads, abandoned at interpreter exit.
         """
+        if timeout_s is not None and timeout_s < 0:
+            raise ValueError(f"timeout_s must be 0 or more (or None), not {timeout_s}")
         with self._lock:
+            wakeups = 0 if self._shutdown else len(self._threads)
             self._shutdown = True
             threads = list(self._threads)
-            for _ in threads:
+            if cancel_futures:
+                wakeups += self._cancel_queued()
+            # Behind everything still queued: each worker finishes that work, then ends.
+            for _ in range(wakeups):
                 self._queue.put(_SHUTDOWN)
-        if not timeout_s:
-            return all(not t.is_alive() for t in threads)
-        deadline = time.monotonic() + timeout_s
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        if wait:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            for thread in threads:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return all(not t.is_alive() for t in threads)
+
+    def _cancel_queued(self) -> int:
+        """Cancel the queued futures; returns how many wake-ups were taken off the queue with them."""
+        wakeups = 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return wakeups
+            if item is _SHUTDOWN:
+                wakeups += 1  # a worker still needs it: put back after the drain
+            else:
+                item[0].cancel()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if not self.shutdown(wait=True, timeout_s=self.exit_timeout_s):
+            if exc_type is None:
+                raise TimeoutError(f"{self._name}: work still running {self.exit_timeout_s} s after its with block")
+            # Raising here would replace the block's own exception, the more useful of the two.
+            logger.warning("%s: work still running %s s after its with block", self._name, self.exit_timeout_s)
+        return False
 
     @property
     def threads(self) -> list[threading.Thread]:

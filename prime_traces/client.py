@@ -178,7 +178,7 @@ class TracesClient(ReadAPI):
         if self._closed.is_set():
             return
         self._closed.set()
-        self._pool.shutdown(timeout_s=0)
+        self._pool.shutdown(wait=False)  # never waits: a hung request must not hold up close()
         self._transport.close()
 
     def __enter__(self) -> TracesClient:

@@ -64,7 +64,7 @@ def test_shutdown_still_ends_the_threads_of_a_live_pool():
     pool = DaemonPool(3, name="prime-traces-shutdown")
     start_all_threads(pool)
     assert pool.shutdown(timeout_s=END_WITHIN_S)
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(RuntimeError, match="after shutdown"):
         pool.submit(lambda: None)
 
 
