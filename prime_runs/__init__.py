@@ -20,7 +20,7 @@ from prime_runs._sink import Ledger, Sink, SinkStatus
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, RunStateError, SinkError
 from prime_runs.run import Run
-from prime_traces._version import __version__
+from prime_traces.version import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prime_traces._pool import call_in_forked_child, start_daemon
+from prime_traces.threads import call_in_forked_child, start_daemon
 
 CONSOLE_LOGGER = "prime_runs.console"
 ENV_CONSOLE = "PRIME_RUNS_CONSOLE"

@@ -23,7 +23,7 @@ from prime_runs._size_meter import SizeMeter
 from prime_runs._segments import Frame, frames_of
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._spool import DISK_ERROR, RecordFiles, Spool
-from prime_traces._lines import check_record
+from prime_traces.encoding import check_record
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import orjson
 from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger
 from prime_traces import MAX_LINE_BYTES
-from prime_traces._batching import LineParts, line_size
-from prime_traces._encode import encode_record_parts, is_episode, record_form
-from prime_traces._lines import LineError
+from prime_traces.encoding import LineParts, line_size
+from prime_traces.encoding import encode_record_parts, is_episode, record_form
+from prime_traces.encoding import LineError
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _call_user(method: Any, name: str) -> Any:
 
 
 def as_mapping(record: Any, index: int) -> Mapping[str, Any]:
-    """The record as a mapping (:func:`~prime_traces._encode.record_form`; ``to_json()`` bytes parsed)."""
+    """The record as a mapping (:func:`~prime_traces.encoding.record_form`; ``to_json()`` bytes parsed)."""
     form = record_form(record, index, _call_user)
     return _parsed(form, index) if isinstance(form, bytes) else form
 

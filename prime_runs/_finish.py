@@ -20,7 +20,7 @@ from prime_runs import _interrupt
 from prime_runs._lifecycle import describe
 from prime_runs._sparkline import metric_line
 from prime_runs._summary import FinishProgress, record_counts, summary_lines
-from prime_traces._pool import run_in_daemon
+from prime_traces.threads import run_in_daemon
 
 if TYPE_CHECKING:
     from prime_runs.run import Run

@@ -33,7 +33,7 @@ from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, TracesClient
 from prime_traces._compress import COMPRESSION_CHOICES
-from prime_traces._config import DEFAULT_BASE_URL, resolve_config
+from prime_traces.config import DEFAULT_BASE_URL, resolve_config
 from prime_traces._transport import Transport
 from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from prime_runs.errors import PrimeRunsError
-from prime_traces._config import api_url
+from prime_traces.config import api_url
 from prime_traces._transport import Transport
 from prime_traces.errors import APIError, PrimeTracesError
 

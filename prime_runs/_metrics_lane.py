@@ -32,7 +32,7 @@ import orjson
 
 from prime_runs._interrupt import wait_slice
 from prime_runs._segments import Frame, SegmentWriter
-from prime_traces._pool import call_in_forked_child, start_daemon
+from prime_traces.threads import call_in_forked_child, start_daemon
 from prime_traces.errors import APIError, RetryableAPIError
 
 logger = logging.getLogger(__name__)

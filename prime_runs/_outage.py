@@ -27,8 +27,8 @@ from prime_runs._spool import Spool
 from prime_runs._sync_run import sync_run
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces._config import api_url
-from prime_traces._pool import call_in_forked_child, start_daemon
+from prime_traces.config import api_url
+from prime_traces.threads import call_in_forked_child, start_daemon
 from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ of the service alike.
 
 from __future__ import annotations
 
-from prime_traces._report import BatchOutcome, BatchStatus
+from prime_traces.report import BatchOutcome, BatchStatus
 from prime_traces.errors import APIError, RetryableAPIError
 
 # A 400 with one of these codes is about the request, not a record: no subset

@@ -19,7 +19,7 @@ from typing import Any
 from prime_runs._rundir import RunDirectory
 from prime_runs._segments import host_label
 from prime_runs.errors import PrimeRunsError
-from prime_traces._pool import run_in_daemon
+from prime_traces.threads import run_in_daemon
 
 logger = logging.getLogger(__name__)
 

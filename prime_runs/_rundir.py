@@ -37,7 +37,7 @@ from prime_runs._segments import (
     segment_files,
 )
 from prime_runs.errors import PrimeRunsError
-from prime_traces._pool import call_in_forked_child
+from prime_traces.threads import call_in_forked_child
 
 try:
     import fcntl

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import orjson
 import zstandard
 
-from prime_traces._batching import LineParts
-from prime_traces._pool import call_in_forked_child
+from prime_traces.encoding import LineParts
+from prime_traces.threads import call_in_forked_child
 
 try:
     import fcntl

@@ -5,7 +5,7 @@ a run id on the Traces service. The history of a directory is read from its
 ``metrics-*.jsonl.zst`` files and merged per step as the service merges it
 (a later value of a name at a step replaces the earlier one). ``--json``
 prints the run and its rows as one document. Errors follow the CLI's rules
-(:mod:`prime_traces._cli_output`).
+(:mod:`prime_traces.cli_output`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from prime_runs._metric_values import from_wire
 from prime_runs._rundir import RUN_FILE, RunDirectory
 from prime_runs._segment_reader import iter_entry_lines, scan
 from prime_runs._sparkline import metric_line
-from prime_traces._cli_output import fail, print_json
-from prime_traces._config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
+from prime_traces.cli_output import fail, print_json
+from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.client import TracesClient
 from prime_traces.errors import PrimeTracesError
 

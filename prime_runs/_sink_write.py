@@ -1,7 +1,7 @@
 """One write of the Traces sink: every record stored, rejected, or left for the spool.
 
 Each record is first checked against the contract's line rules
-(``prime_traces._lines``, the rules the local service applies): one that
+(``prime_traces.encoding``, the rules the local service applies): one that
 breaks them is rejected here and costs no request. What becomes of the
 records of a refused or failed upload:
 
@@ -74,8 +74,8 @@ from prime_runs._outcomes import (
     rejection_reason,
 )
 from prime_runs._sink import Ledger, SinkStatus
-from prime_traces._lines import check_record
-from prime_traces._report import BatchOutcome, BatchStatus, UploadReport
+from prime_traces.encoding import check_record
+from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 from prime_traces.errors import UploadError
 
 if TYPE_CHECKING:

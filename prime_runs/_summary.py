@@ -15,7 +15,7 @@ from typing import Any
 
 from prime_runs._console import Console, stderr_is_terminal
 from prime_runs._progress import human_bytes, human_duration
-from prime_traces._pool import start_daemon
+from prime_traces.threads import start_daemon
 
 #: finish() shows progress only when draining takes longer than this.
 PROGRESS_AFTER_S = 1.0

@@ -27,8 +27,8 @@ from prime_runs._sync import FileProgress, pending
 from prime_runs._sync_run import SyncReport, sync_run
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces._cli_output import fail, print_json
-from prime_traces._config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
+from prime_traces.cli_output import fail, print_json
+from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.errors import PrimeTracesError
 
 PROG = "prime-runs"

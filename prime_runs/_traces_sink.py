@@ -29,7 +29,7 @@ from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._sink_write import SinkWrite
 from prime_runs._spool import Spool
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
-from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
+from prime_traces.client import DEFAULT_UPLOAD_ATTEMPTS
 
 logger = logging.getLogger(__name__)
 

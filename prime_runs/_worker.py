@@ -17,7 +17,7 @@ from prime_runs._sink import METHODS, Ledger, Origins, Sink
 from prime_runs._size_meter import SizeMeter
 from prime_runs._spool import SPILL_TIMEOUT
 from prime_runs.errors import SinkError
-from prime_traces._pool import call_in_forked_child, run_in_daemon, start_daemon
+from prime_traces.threads import call_in_forked_child, run_in_daemon, start_daemon
 
 logger = logging.getLogger(__name__)
 

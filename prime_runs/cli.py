@@ -1,6 +1,6 @@
 """The ``prime-runs`` command line: ``demo``, ``sync``, ``ls`` and ``show``.
 
-The rules every command follows (:mod:`prime_traces._cli_output` has them, for
+The rules every command follows (:mod:`prime_traces.cli_output` has them, for
 ``prime-traces`` too): results on stdout, with ``ls --json`` as one JSON
 document; errors on stderr as one line, ``prime-runs: <message>``, plus a JSON
 error document on stdout under ``--json``; a bad command line exits 2; a
@@ -17,7 +17,7 @@ import sys
 from prime_runs._demo import add_demo_command
 from prime_runs._show import add_show_command
 from prime_runs._sync_cli import add_sync_commands
-from prime_traces._cli_output import (
+from prime_traces.cli_output import (
     EXIT_USAGE,
     Parser,
     configure_logging,
@@ -25,7 +25,7 @@ from prime_traces._cli_output import (
     parse_command_line,
     run_until_closed_pipe,
 )
-from prime_traces._version import __version__
+from prime_traces.version import __version__
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 

@@ -24,7 +24,7 @@ from prime_runs._shutdown import ShutdownHooks
 from prime_runs._sink import Sink
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
-from prime_traces._pool import call_in_forked_child, run_in_daemon
+from prime_traces.threads import call_in_forked_child, run_in_daemon
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from prime_traces._batching import (
 )
 from prime_traces._compress import GZIP_LEVEL
 from prime_traces._models import UploadReceipt
-from prime_traces._report import BatchOutcome, BatchStatus, LineStatus, UploadReport
-from prime_traces._version import __version__
+from prime_traces.report import BatchOutcome, BatchStatus, LineStatus, UploadReport
+from prime_traces.version import __version__
 from prime_traces.client import DEFAULT_MAX_IN_FLIGHT, TracesClient
 from prime_traces.errors import (
     AmbiguousDeleteError,

@@ -3,7 +3,7 @@
 :func:`add_client_commands` registers them on the CLI's subparsers; each sets
 ``func(args) -> int`` (exit status) as ``serve`` does, ``list`` also a
 ``check(args)`` for what spans options. ``prime_traces.cli`` wires them into
-``prime-traces`` beside ``serve``; :mod:`prime_traces._cli_output` writes
+``prime-traces`` beside ``serve``; :mod:`prime_traces.cli_output` writes
 what they print and states the rules (stdout, stderr, ``--json``, exit status).
 Here:
 
@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from prime_traces._batching import iter_file_lines
-from prime_traces._cli_output import (
+from prime_traces.cli_output import (
     cell,
     fail,
     finite_float,
@@ -39,7 +39,7 @@ from prime_traces._cli_output import (
     table,
     when,
 )
-from prime_traces._config import (
+from prime_traces.config import (
     ENV_API_KEY,
     ENV_TEAM_ID,
     ENV_TRACES_URL,

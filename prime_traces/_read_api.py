@@ -24,7 +24,7 @@ import requests
 import tenacity
 import urllib3.exceptions
 
-from prime_traces._config import api_url, encode_query
+from prime_traces.config import api_url, encode_query
 from prime_traces._models import (
     EpisodeDetail,
     EpisodeListPage,

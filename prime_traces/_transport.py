@@ -23,13 +23,13 @@ import orjson
 import requests
 import urllib3
 
-from prime_traces._config import (
+from prime_traces.config import (
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
     ClientConfig,
     default_headers,
 )
-from prime_traces._pool import call_in_forked_child
+from prime_traces.threads import call_in_forked_child
 from prime_traces._redact import Redactor
 from prime_traces._retry import parse_retry_after
 from prime_traces.errors import (

@@ -37,8 +37,8 @@ from prime_traces._compress import (
     content_encoding_header,
 )
 from prime_traces._models import UploadReceipt
-from prime_traces._pool import DaemonPool
-from prime_traces._report import BatchOutcome, BatchStatus, UploadReport
+from prime_traces.threads import DaemonPool
+from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS, is_refusal, upload_retrying
 from prime_traces._transport import Transport
 from prime_traces._window import OK, OTHER, REFUSED, InFlightWindow

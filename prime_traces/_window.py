@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from prime_traces._pool import call_in_forked_child
+from prime_traces.threads import call_in_forked_child
 
 #: The most a refused size's growth is slowed: 256 rounds of successes per probe.
 MAX_PROBE_PENALTY = 256

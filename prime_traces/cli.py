@@ -1,7 +1,7 @@
 """The ``prime-traces`` command line: ``serve`` runs the local Traces service; the
 other commands (``upload``, ``list``, ``get``, ...) talk to a Traces service.
 
-The rules every command follows (:mod:`prime_traces._cli_output` has them):
+The rules every command follows (:mod:`prime_traces.cli_output` has them):
 results on stdout, with ``--json`` as one JSON document; errors on stderr as
 one line, ``prime-traces: <message>``, plus a JSON error document on stdout
 under ``--json``. Exit status: 0 on success; 1 on failure (2 when ``serve``
@@ -19,7 +19,7 @@ import signal
 import sys
 from typing import Any
 
-from prime_traces._cli_output import (
+from prime_traces.cli_output import (
     EXIT_USAGE,
     Parser,
     configure_logging,
@@ -27,7 +27,7 @@ from prime_traces._cli_output import (
     parse_command_line,
     run_until_closed_pipe,
 )
-from prime_traces._version import __version__
+from prime_traces.version import __version__
 from prime_traces.server._body import (
     DEFAULT_MAX_BODY_MEMORY_BYTES,
     DEFAULT_READ_TIMEOUT_S,

@@ -15,10 +15,10 @@ from prime_traces._batching import (
     iter_file_lines,
 )
 from prime_traces._compress import DEFAULT_ZSTD_LEVEL, CodingSelector
-from prime_traces._config import READ_TIMEOUT_S, resolve_config
+from prime_traces.config import READ_TIMEOUT_S, resolve_config
 from prime_traces._encode import encode_record_parts, is_episode
 from prime_traces._models import UploadReceipt
-from prime_traces._pool import DaemonPool
+from prime_traces.threads import DaemonPool
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
 from prime_traces._transport import Transport

@@ -12,7 +12,7 @@ import pytest
 from _fork import in_child
 from _wire import trace
 
-from prime_traces import TracesClient, _pool
+from prime_traces import TracesClient, threads
 
 pytestmark = [pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork"), pytest.mark.timeout(120)]
 
@@ -77,7 +77,7 @@ def test_dropped_clients_leave_no_fork_hooks_behind(tmp_path):
     assert after_s < 5 * baseline_s, (baseline_s, after_s, grown)
     assert grown < DROPPED_CLIENTS // 10, grown
     # What is left are the hooks of objects still alive (this test's own leave none).
-    assert len(_pool._in_forked_child) < DROPPED_CLIENTS // 100
+    assert len(threads._in_forked_child) < DROPPED_CLIENTS // 100
 
 
 def test_a_live_objects_hook_runs_in_the_child_in_registration_order_and_a_failing_one_stops_no_other():
@@ -95,7 +95,7 @@ def test_a_live_objects_hook_runs_in_the_child_in_registration_order_and_a_faili
     first, failing, last = Resettable("first"), Resettable("failing", fail=True), Resettable("last")
     dropped = Resettable("dropped")
     for obj in (first, failing, dropped, last):
-        _pool.call_in_forked_child(obj.reset)
+        threads.call_in_forked_child(obj.reset)
     del dropped
     gc.collect()
 

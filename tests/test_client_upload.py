@@ -23,7 +23,7 @@ from prime_traces import APITimeoutError, TracesClient, UploadError
 from prime_traces._batching import iter_batches
 from prime_traces._encode import encode_record
 from prime_traces._read_api import ReadAPI
-from prime_traces._report import BatchStatus, LineStatus
+from prime_traces.report import BatchStatus, LineStatus
 from prime_traces.server import LocalTracesService
 
 TOKEN = "client-test-token"

@@ -11,7 +11,7 @@ import pytest
 from _wire import trace
 
 from prime_traces import TracesClient, UnauthorizedError
-from prime_traces._config import (
+from prime_traces.config import (
     DEFAULT_BASE_URL,
     ClientConfig,
     api_url,

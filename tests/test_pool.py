@@ -11,7 +11,7 @@ import pytest
 from _wire import trace
 
 from prime_traces import TracesClient
-from prime_traces._pool import DaemonPool
+from prime_traces.threads import DaemonPool
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,7 @@ from concurrent.futures import TimeoutError as FuturesTimeoutError
 import pytest
 from _fork import in_child
 
-from prime_traces._pool import DaemonPool
+from prime_traces.threads import DaemonPool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -174,7 +174,7 @@ def test_a_process_whose_pool_has_a_hung_task_still_exits_promptly():
     script = textwrap.dedent(
         """
         import threading
-        from prime_traces._pool import DaemonPool
+        from prime_traces.threads import DaemonPool
 
         started = threading.Event()
         def hang():

@@ -23,7 +23,7 @@ from test_traces_sink import (
 
 from prime_runs._sink import SinkStatus
 from prime_traces import TracesClient, UploadError
-from prime_traces._report import LineStatus
+from prime_traces.report import LineStatus
 from prime_traces.server import LocalTracesService
 
 TOKEN = "rejections-token"

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from prime_traces._version import __version__
+from prime_traces.version import __version__
 from prime_traces.errors import ErrorCode
 from prime_traces.server._body import MemoryRefused
 from prime_traces.server._http import (
