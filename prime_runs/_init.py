@@ -37,7 +37,6 @@ from prime_runs.run import ON_ERROR, Run
 from prime_traces import DEFAULT_TARGET_BATCH_BYTES, TracesClient
 from prime_traces._compress import COMPRESSION_CHOICES
 from prime_traces._config import DEFAULT_BASE_URL, resolve_config
-from prime_traces._transport import Transport
 from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 
 logger = logging.getLogger(__name__)
@@ -196,13 +195,12 @@ def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_
         settings.api_key, settings.base_url, settings.team_id,
         max_in_flight=max_in_flight, compression=compression, abandon_after_s=_ABANDON_AFTER_S,
     )  # fmt: skip
-    lifecycle = RunLifecycle(client._transport)
     url = None
     run_id = ranks.run_id
     if ranks.owner:
         try:
-            payload = lifecycle.create(
-                name=common["name"], kind=common["kind"], config=common["config"], tags=common["tags"], run_id=run_id
+            payload = client.create_run(
+                common["name"], kind=common["kind"], config=common["config"], tags=common["tags"], run_id=run_id
             )
             run_id = check_run_id(str(payload.get("id") or run_id), f"the service at {settings.base_url}")
         except Exception as err:
@@ -227,11 +225,12 @@ def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_
     if save_local:
         sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
     worker = UploadWorker(sinks, **worker_options)
-    # Its own transport (sessions, connections): metrics never wait behind the episodes' requests.
-    transport = Transport(client.config)
-    metrics = MetricsLane(send=functools.partial(RunLifecycle(transport).post_metrics, run_id),
-                          writer=functools.partial(files.writer, METRICS), on_closed=transport.close)  # fmt: skip
-    run = Run(run_id=run_id, url=url, worker=worker, lifecycle=lifecycle, owner=ranks.owner, rundir=rundir,
+    # Its own client (sessions, connections), closed by the lane: metrics never wait behind the episodes' requests.
+    metrics_client = TracesClient(client.config.api_key, client.config.base_url, client.config.team_id,
+                                  max_in_flight=1)  # fmt: skip
+    metrics = MetricsLane(send=functools.partial(metrics_client.post_metrics, run_id),
+                          writer=functools.partial(files.writer, METRICS), on_closed=metrics_client.close)  # fmt: skip
+    run = Run(run_id=run_id, url=url, worker=worker, lifecycle=RunLifecycle(client), owner=ranks.owner, rundir=rundir,
               service_url=settings.base_url, metrics=metrics, **common)  # fmt: skip
     worker.on_error = run._note_error
     worker.tick = run._tick
