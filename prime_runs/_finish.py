@@ -20,6 +20,7 @@ from prime_runs import _interrupt
 from prime_runs._lifecycle import describe
 from prime_runs._sparkline import metric_line
 from prime_runs._summary import FinishProgress, record_counts, summary_lines
+from prime_traces.errors import RunFinishedError
 from prime_traces.threads import run_in_daemon
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def _record_status(self: Run, status: str, error: str | None, deadline: float) -
                 if locked:
                     self._patch_lock.release()
         except Exception as err:  # noqa: BLE001  (finish must return, whatever the service does)
-            if getattr(err, "code", None) == "run_finished":
+            if isinstance(err, RunFinishedError):
                 confirmed.append(True)  # someone finished it first: nothing is left to record
             logger.warning("run %s: could not record status %r (%s)", self.id, status, describe(err))
         finally:

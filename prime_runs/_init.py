@@ -31,11 +31,8 @@ from prime_runs._summary import destination_line
 from prime_runs._worker import DEFAULT_SPILL_TIMEOUT_S
 from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run
-from prime_traces import DEFAULT_TARGET_BATCH_BYTES, TracesClient
-from prime_traces._compress import COMPRESSION_CHOICES
+from prime_traces.client import COMPRESSION_CHOICES, DEFAULT_TARGET_BATCH_BYTES, MAX_IN_FLIGHT_LIMIT, TracesClient
 from prime_traces.config import DEFAULT_BASE_URL, resolve_config
-from prime_traces._transport import Transport
-from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 
 logger = logging.getLogger(__name__)
 
@@ -187,13 +184,12 @@ def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_
         settings.api_key, settings.base_url, settings.team_id,
         max_in_flight=max_in_flight, compression=compression, abandon_after_s=_ABANDON_AFTER_S,
     )  # fmt: skip
-    lifecycle = RunLifecycle(client._transport)
     url = None
     run_id = ranks.run_id
     if ranks.owner:
         try:
-            payload = lifecycle.create(
-                name=common["name"], kind=common["kind"], config=common["config"], tags=common["tags"], run_id=run_id
+            payload = client.create_run(
+                common["name"], kind=common["kind"], config=common["config"], tags=common["tags"], run_id=run_id
             )
             run_id = check_run_id(str(payload.get("id") or run_id), f"the service at {settings.base_url}")
         except Exception as err:
@@ -217,11 +213,12 @@ def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_
     sinks: list[Any] = [sink]
     if save_local:
         sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
-    # Its own transport (sessions, connections): metrics never wait behind the episodes' requests.
-    transport = Transport(client.config)
-    metrics = MetricsLane(send=functools.partial(RunLifecycle(transport).post_metrics, run_id),
-                          writer=functools.partial(files.writer, METRICS), on_closed=transport.close)  # fmt: skip
-    run = Run(run_id=run_id, url=url, sinks=sinks, worker_options=worker_options, lifecycle=lifecycle,
+    # Its own client (sessions, connections), closed by the lane: metrics never wait behind the episodes' requests.
+    metrics_client = TracesClient(client.config.api_key, client.config.base_url, client.config.team_id,
+                                  max_in_flight=1)  # fmt: skip
+    metrics = MetricsLane(send=functools.partial(metrics_client.post_metrics, run_id),
+                          writer=functools.partial(files.writer, METRICS), on_closed=metrics_client.close)  # fmt: skip
+    run = Run(run_id=run_id, url=url, sinks=sinks, worker_options=worker_options, lifecycle=RunLifecycle(client),
               owner=ranks.owner, rundir=rundir, service_url=settings.base_url, metrics=metrics, **common)  # fmt: skip
     files.on_first_write = run._directory_needed
     if save_local:

@@ -16,11 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from prime_runs.errors import PrimeRunsError
-from prime_traces.config import api_url
-from prime_traces._transport import Transport
+from prime_traces.client import RUN_KINDS, TracesClient
 from prime_traces.errors import APIError, PrimeTracesError
 
 logger = logging.getLogger(__name__)
@@ -31,8 +28,7 @@ ENV_RANK = "RANK"
 ENV_OWNER = "PRIME_RUN_OWNER"
 ENV_MODE = "PRIME_RUNS_MODE"
 MODES = ("online", "offline", "disabled")
-KINDS = ("train", "eval")
-TERMINAL_STATUSES = ("completed", "failed", "cancelled", "crashed")
+KINDS = RUN_KINDS
 
 
 @dataclass(frozen=True)
@@ -114,27 +110,15 @@ def new_run_id() -> str:
 
 
 class RunLifecycle:
-    """``POST`` / ``PATCH /api/v1/runs`` through a client's transport."""
+    """What a :class:`~prime_runs.Run` records on the service: config, summary and terminal status.
 
-    def __init__(self, transport: Transport) -> None:
-        self.transport = transport
-        self.base_url = transport.config.base_url
+    Each update is the client's :meth:`~prime_traces.TracesClient.update_run`:
+    it blocks for at most ``timeout_s`` and raises the client's errors
+    (:class:`~prime_traces.RunFinishedError` when another status was recorded first).
+    """
 
-    def create(
-        self,
-        *,
-        name: str | None,
-        kind: str,
-        config: Mapping[str, Any] | None,
-        tags: list[str] | None,
-        run_id: str | None,
-        timeout_s: float | None = None,
-    ) -> dict[str, Any]:
-        """Create the run, or return the existing one with ``run_id`` unchanged."""
-        body: dict[str, Any] = {"name": name, "kind": kind, "config": dict(config or {}), "tags": list(tags or [])}
-        if run_id:
-            body["id"] = run_id
-        return self._send("POST", api_url(self.base_url, "runs"), body, timeout_s)
+    def __init__(self, client: TracesClient) -> None:
+        self.client = client
 
     def update(
         self,
@@ -147,43 +131,8 @@ class RunLifecycle:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Merge ``config`` / ``summary``; with ``status``, finish the run."""
-        body: dict[str, Any] = {}
-        if config:
-            body["config"] = dict(config)
-        if summary:
-            body["summary"] = dict(summary)
-        if status is not None:
-            if status not in TERMINAL_STATUSES:
-                raise ValueError(f"status must be one of {', '.join(TERMINAL_STATUSES)}, not {status!r}")
-            body["status"] = status
-            if error is not None:
-                body["error"] = error
-        return self._send("PATCH", api_url(self.base_url, "runs", run_id), body, timeout_s)
-
-    def post_metrics(self, run_id: str, rows: list[dict[str, Any]], timeout_s: float | None = None) -> dict[str, Any]:
-        """Append rows to the run's metrics history (contract §9); a replay changes nothing."""
-        return self._send("POST", api_url(self.base_url, "runs", run_id, "metrics"), {"rows": rows}, timeout_s)
-
-    def _send(self, method: str, url: str, body: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
-        resp = self.transport.request(
-            method,
-            url,
-            # Whatever a user put in a config or summary: int keys, numpy scalars, sets. No value may stop
-            # the run's status from being recorded.
-            data=orjson.dumps(body, default=_jsonable, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY),
-            headers={"Content-Type": "application/json"},
-            timeout_s=timeout_s,
-            whole=True,  # a trickled answer must not hold the run past its timeout
-        )
-        payload = orjson.loads(resp.content) if resp.content else {}
-        if not isinstance(payload, dict):
-            raise PrimeRunsError(f"{method} {url} answered {resp.status_code} with a non-object body")
-        return payload
-
-
-def _jsonable(value: Any) -> Any:
-    """Config values orjson cannot encode become their ``str()`` (configs are for people)."""
-    return str(value)
+        return self.client.update_run(run_id, config=config, summary=summary, status=status, error=error,
+                                      timeout_s=timeout_s)  # fmt: skip
 
 
 def describe(err: BaseException) -> str:

@@ -3,13 +3,14 @@
 An upload that fails for good (transport errors, or 5xx without a refusal
 code, after its retries) puts the Traces sink in an *outage*. While it lasts,
 writes are not sent: the worker spools them at disk speed, so the queue keeps
-draining and nothing is dropped. A probe on a daemon thread asks the service
-for one cheap read, backing off exponentially (with jitter, at most
-:data:`MAX_PROBE_INTERVAL_S` apart). Any answer that is not a 5xx ends the
-outage: live uploads resume, and the records this process spooled are
-uploaded in the background behind them, with ``prime-runs sync``'s own
-machinery (its progress in ``sync.json``, batches resent as the same
-uploads), so nothing is stored twice and a later sync sends only what is left.
+draining and nothing is dropped. A probe on a daemon thread pings the service
+(:meth:`~prime_traces.TracesClient.ping`, one cheap read), backing off
+exponentially (with jitter, at most :data:`MAX_PROBE_INTERVAL_S` apart). Any
+answer but a 429 or a 5xx ends the outage: live uploads resume, and the
+records this process spooled are uploaded in the background behind them,
+with ``prime-runs sync``'s own machinery (its progress in ``sync.json``,
+batches resent as the same uploads), so nothing is stored twice and a later
+sync sends only what is left.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from prime_runs._spool import Spool
 from prime_runs._sync_run import sync_run
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces.config import api_url
+from prime_traces.errors import PrimeTracesError
 from prime_traces.threads import call_in_forked_child, start_daemon
-from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError
 
 logger = logging.getLogger(__name__)
 
@@ -103,16 +103,8 @@ class Outage:
         self.resync()
 
     def _answers(self) -> bool:
-        try:
-            self.client._transport.request("GET", api_url(self.client.config.base_url, "traces"),
-                                           params={"limit": "1"}, timeout_s=PROBE_TIMEOUT_S, whole=True)  # fmt: skip
-        except RetryableAPIError:
-            return False
-        except APIError as err:
-            return err.status_code < 500  # 4xx: it is up, and says something about us
-        except PrimeTracesError:
-            return False
-        return True
+        # A 4xx counts as an answer: the service is up, and says something about us.
+        return self.client.ping(timeout_s=PROBE_TIMEOUT_S)
 
     def resync(self) -> None:
         """Upload what this process spooled, on a daemon thread, unless one is running already."""

@@ -19,21 +19,20 @@ from typing import Any
 
 import orjson
 
-from prime_runs._lifecycle import KINDS, TERMINAL_STATUSES, RunLifecycle, describe
+from prime_runs._lifecycle import KINDS, describe
 from prime_runs._rundir import RunDirectory, check_run_id
 from prime_runs._segment_reader import Scan, iter_entry_lines, scan
 from prime_runs._segments import REJECTED, SegmentWriter
 from prime_runs._sync import FileProgress, FileSync, OnProgress, SyncStopped
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces.errors import PrimeTracesError
+from prime_traces._runs_api import MAX_METRIC_ROWS_PER_REQUEST, TERMINAL_STATUSES
+from prime_traces.errors import PrimeTracesError, RunFinishedError
 
 logger = logging.getLogger(__name__)
 
 #: The error a run is finished with when its process died before finishing it.
 DIED_UNFINISHED = "the run's process ended without finishing the run"
-#: The contract's most rows in one metrics request.
-METRIC_ROWS_PER_REQUEST = 10_000
 
 
 @dataclass
@@ -167,7 +166,6 @@ class _RunSync:
     def _sync_metrics(self) -> None:
         """Send the rows of each metrics file not yet sent whole to this service (contract §9)."""
         sent = self.mine.setdefault("metrics_sent", {})
-        lifecycle = RunLifecycle(self.client._transport)
         for path in self.rundir.metrics_segments():
             name = os.path.basename(path)
             found = scan(path, verify_last=False)
@@ -176,17 +174,16 @@ class _RunSync:
             rows: list[Any] = []
             for _entry, lines in iter_entry_lines(path, found.entries, on_corrupt=lambda *_: None):
                 rows.extend(orjson.loads(line) for line in lines)
-            for start in range(0, len(rows), METRIC_ROWS_PER_REQUEST):
-                lifecycle.post_metrics(self.run_id, rows[start:start + METRIC_ROWS_PER_REQUEST])
+            for start in range(0, len(rows), MAX_METRIC_ROWS_PER_REQUEST):
+                self.client.post_metrics(self.run_id, rows[start:start + MAX_METRIC_ROWS_PER_REQUEST])
             self.report.metric_rows += len(rows)
             sent[name] = found.lines
             self.save()
 
     def _create_run(self, kind: str) -> None:
         doc = self.document or {}
-        lifecycle = RunLifecycle(self.client._transport)
-        lifecycle.create(name=doc.get("name"), kind=kind, config=doc.get("config") or {}, tags=doc.get("tags") or [],
-                         run_id=self.run_id)  # fmt: skip
+        self.client.create_run(doc.get("name"), kind=kind, config=doc.get("config") or {}, tags=doc.get("tags") or [],
+                               run_id=self.run_id)  # fmt: skip
         self.mine["run_created"] = True
         self.save()
 
@@ -206,9 +203,9 @@ class _RunSync:
         if self.mine.get("lifecycle_sent") == digest:
             return
         try:
-            RunLifecycle(self.client._transport).update(self.run_id, **update)
+            self.client.update_run(self.run_id, **update)
         except (PrimeTracesError, PrimeRunsError) as err:
-            if getattr(err, "code", None) != "run_finished":
+            if not isinstance(err, RunFinishedError):
                 self.report.errors.append(f"could not record the run's status on {self.url}: {describe(err)}")
                 return
             logger.warning("run %s was already finished on %s with another status; it keeps it", self.run_id, self.url)

@@ -3,7 +3,7 @@
 Every model is a frozen dataclass with ``from_dict(d)``: each listed field is
 required (a nullable one must be present as ``null``), fields the model does
 not list are kept in ``extra``, and a body of the wrong shape raises
-:class:`ResponseFormatError` naming the model and the field. Datetimes follow
+:class:`~prime_traces.errors.ResponseFormatError` naming the model and the field. Datetimes follow
 pydantic v2's reading: ISO-8601 with ``Z`` or an offset gives an aware
 ``datetime``, a naive string a naive one, and a number is Unix seconds (or
 milliseconds when its magnitude exceeds 2e10), in UTC. Lists become tuples::
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from prime_traces.errors import PrimeTracesError
+from prime_traces.errors import ResponseFormatError
 
 _PARSE = "prime_traces.parse"
 _OPTIONAL = "prime_traces.optional"
@@ -38,15 +38,6 @@ _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 M = TypeVar("M", bound="_Model")
 Parser = Callable[[Any, str], Any]
-
-
-class ResponseFormatError(PrimeTracesError, ValueError):
-    """A response body does not have the shape of its model; ``path`` says where."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        self.path = path
-        self.problem = problem
-        super().__init__(f"{path}: {problem}")
 
 
 def _kind(value: Any) -> str:

@@ -31,7 +31,6 @@ from prime_traces._models import (
     EpisodeSummary,
     MetricRow,
     MetricsPage,
-    ResponseFormatError,
     RunListPage,
     RunStepList,
     RunSummary,
@@ -49,6 +48,7 @@ from prime_traces.errors import (
     SERVICE_REFUSAL_CODES,
     AmbiguousDeleteError,
     APITimeoutError,
+    ResponseFormatError,
     RetryableAPIError,
     TransportError,
 )

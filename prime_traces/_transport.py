@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import requests
@@ -41,6 +43,7 @@ from prime_traces.errors import (
     LineRejection,
     NotFoundError,
     RetryableAPIError,
+    RunFinishedError,
     TransportError,
     UnauthorizedError,
     ValidationRejectedError,
@@ -49,6 +52,7 @@ from prime_traces.errors import (
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+_RUN_PATH = re.compile(r"/api/v1/runs(/|$)")
 
 
 def error_from_response(resp: requests.Response, hide: Redactor | None = None) -> APIError:
@@ -92,8 +96,17 @@ def error_from_response(resp: requests.Response, hide: Redactor | None = None) -
     if status == 404:
         return NotFoundError(*args, **kwargs)
     if status == 409 and code != ErrorCode.TRACE_NOT_INDEXED.value:
+        if code == ErrorCode.RUN_FINISHED.value or _is_run_endpoint(resp):
+            return RunFinishedError(*args, **kwargs)
         return LineFormatConflictError(*args, **kwargs)
     return APIError(*args, **kwargs)
+
+
+def _is_run_endpoint(resp: requests.Response) -> bool:
+    # Contract §6: a 409 from the run endpoints means run_finished even without its code.
+    request = resp.request
+    path = urlsplit(request.url or "").path if request is not None else ""
+    return _RUN_PATH.search(path) is not None
 
 
 def _read_until(resp: requests.Response, deadline: float) -> None:

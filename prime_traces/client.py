@@ -1,4 +1,4 @@
-"""``TracesClient``: uploads and reads against a Traces service."""
+"""``TracesClient``: uploads, reads and runs against a Traces service."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from prime_traces._batching import (
     LineParts,
     iter_file_lines,
 )
-from prime_traces._compress import DEFAULT_ZSTD_LEVEL, CodingSelector
+from prime_traces._compress import COMPRESSION_CHOICES, DEFAULT_ZSTD_LEVEL, CodingSelector
 from prime_traces.config import READ_TIMEOUT_S, resolve_config
 from prime_traces._encode import encode_record_parts, is_episode
 from prime_traces._models import UploadReceipt
 from prime_traces.threads import DaemonPool
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
+from prime_traces._runs_api import RUN_KINDS, TERMINAL_STATUSES, RunsAPI
 from prime_traces._transport import Transport
 from prime_traces._uploader import (
     DEFAULT_ABANDON_AFTER_S,
@@ -31,12 +32,30 @@ from prime_traces._uploader import (
     UploadSettings,
 )
 from prime_traces._window import InFlightWindow
+from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError
 
 logger = logging.getLogger(__name__)
+
+# The client and the values its knobs take, for code built on it (``prime_runs`` checks its
+# own arguments against the same values before it creates anything).
+__all__ = [
+    "COMPRESSION_CHOICES",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_PING_TIMEOUT_S",
+    "DEFAULT_TARGET_BATCH_BYTES",
+    "DEFAULT_UPLOAD_ATTEMPTS",
+    "MAX_IN_FLIGHT_LIMIT",
+    "RUN_KINDS",
+    "TERMINAL_STATUSES",
+    "TracesClient",
+    "is_episode_record",
+]
 
 DEFAULT_MAX_IN_FLIGHT = 8
 #: The most uploads in flight the service allows per credential (contract §9).
 MAX_IN_FLIGHT_LIMIT = 8
+#: How long :meth:`TracesClient.ping` waits for the whole answer by default.
+DEFAULT_PING_TIMEOUT_S = 10.0
 
 
 def is_episode_record(record: Any) -> bool:
@@ -44,8 +63,8 @@ def is_episode_record(record: Any) -> bool:
     return is_episode(record)
 
 
-class TracesClient(ReadAPI):
-    """A client for the Traces service: concurrent ordered uploads, and reads.
+class TracesClient(ReadAPI, RunsAPI):
+    """A client for the Traces service: concurrent ordered uploads, reads, and runs.
 
     Configuration: each argument, else ``PRIME_API_KEY`` / ``PRIME_TRACES_URL``
     / ``PRIME_TEAM_ID``, else ``~/.prime/config.json``, else the default.
@@ -53,6 +72,8 @@ class TracesClient(ReadAPI):
     that never hold up interpreter exit; receipts come back in batch order.
     Thread-safe: several threads may upload at once and share the in-flight
     limit. After ``fork`` the child builds its own sessions and threads.
+    Runs are created, updated and finished with :meth:`create_run`,
+    :meth:`update_run` and :meth:`post_metrics` (see ``RunsAPI``).
 
     Usage::
 
@@ -168,6 +189,32 @@ class TracesClient(ReadAPI):
     def upload_file(self, path: str | os.PathLike[str], **kwargs: Any) -> list[UploadReceipt]:
         """Upload a JSONL file, streamed; arguments as :meth:`upload_lines`."""
         return self.upload_lines(iter_file_lines(path), **kwargs)
+
+    def ping(self, timeout_s: float = DEFAULT_PING_TIMEOUT_S) -> bool:
+        """Whether the service is up: one cheap read, sent once, its whole answer bounded by ``timeout_s``.
+
+        True when the service answered anything but 429 or a 5xx: a 4xx such
+        as 401 comes from a service that is up (the call that needs the key
+        raises it). False when no answer came in time (refused, reset,
+        trickled) or the service said it is overloaded or failing. Raises no
+        error of this package; ``ValueError`` for a ``timeout_s`` that is not
+        positive::
+
+            if not client.ping(timeout_s=2.0):
+                print("the Traces service is not answering")
+        """
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be greater than 0, not {timeout_s}")
+        try:
+            self._transport.request("GET", self._url("traces"), params={"limit": "1"}, timeout_s=timeout_s,
+                                    whole=True)  # fmt: skip
+        except RetryableAPIError:
+            return False
+        except APIError as err:
+            return err.status_code < 500
+        except PrimeTracesError:
+            return False
+        return True
 
     def upload_stats(self) -> dict[str, Any]:
         """The in-flight window now: its limit, requests in flight, refusals and decreases so far."""

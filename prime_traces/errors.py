@@ -2,7 +2,8 @@
 
 One root, :class:`PrimeTracesError`. HTTP answers become :class:`APIError`
 subclasses chosen by status and code (contract §6); transport failures become
-:class:`TransportError` or :class:`APITimeoutError`. Messages never carry an
+:class:`TransportError` or :class:`APITimeoutError`; a 2xx body of the wrong
+shape is :class:`ResponseFormatError`. Messages never carry an
 API key: they are built from status, code and the service's own message, which
 the transport redacts first (a gateway may echo the request's headers back).
 """
@@ -144,7 +145,16 @@ class ValidationRejectedError(APIError):
 
 
 class LineFormatConflictError(APIError):
-    """409: the same bytes were committed under the other line format."""
+    """409 on the trace endpoints: the same bytes were committed under the other line format."""
+
+
+class RunFinishedError(APIError):
+    """409 ``run_finished`` on the run endpoints: the run already finished with another status.
+
+    A run in a terminal status keeps it (contract §9); the local service's
+    message names the status it kept. Setting that same status again, or
+    merging config and summary into a finished run, is no error.
+    """
 
 
 class RetryableAPIError(APIError):
@@ -157,6 +167,15 @@ class RetryableAPIError(APIError):
     def __init__(self, *args: Any, retry_after: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.retry_after = retry_after
+
+
+class ResponseFormatError(PrimeTracesError, ValueError):
+    """A response body does not have the shape its model or endpoint requires; ``path`` says where."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
 
 
 class TransportError(PrimeTracesError):

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from prime_traces.errors import PrimeTracesError
+from prime_traces.errors import PrimeTracesError, ResponseFormatError
 from prime_traces._models import (
     EpisodeDetail,
-    ResponseFormatError,
     RunSummary,
     TraceListPage,
     TraceSummary,

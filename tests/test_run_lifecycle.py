@@ -18,6 +18,7 @@ from _sync import NotedWaitEvent
 
 import prime_runs
 from prime_runs import Run
+from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 
 from _run_helpers import (  # noqa: F401  (fixtures are used by name)
@@ -110,7 +111,7 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     run = online(service)
     assert run.log_episodes(episodes("e", 2)) and run.flush(FLUSH_TIMEOUT_S)
     trickle = _TricklingServer()
-    run._lifecycle.base_url = trickle.url  # only the status request goes there
+    run._lifecycle.client = TracesClient(KEY, trickle.url)  # only the status request goes there
     try:
         started = time.monotonic()
         run.finish(timeout_s=2.0)
@@ -119,6 +120,7 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     finally:
         trickle.stop.set()
         trickle.thread.join(GATE_TIMEOUT_S)
+        run._lifecycle.client.close()
     # The status request is given the time left, for its whole answer: it gives up at the deadline
     # (a read timeout alone would wait for the whole 10 s trickle).
     assert 2.0 <= elapsed < 2.0 + FINISH_MARGIN_S, elapsed
