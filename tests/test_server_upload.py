@@ -34,7 +34,7 @@ from prime_traces._lines import (
     MAX_ROWS_PER_UPLOAD,
     MAX_TRACES_PER_EPISODE,
 )
-from prime_traces.server._service import MAX_UNCOMPRESSED_BYTES
+from prime_traces.server._state import MAX_UNCOMPRESSED_BYTES
 
 from _upload_checks import (
     DAY_S,

@@ -2,17 +2,18 @@
 
 Documents are only loosely typed: every lookup tolerates a missing key or a
 value of the wrong type, which yields a null column rather than a rejection.
+The columns every row of one upload shares come from its :class:`UploadMeta`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
 
 from prime_traces.server._store import TraceRow
-
-if TYPE_CHECKING:
-    from prime_traces.server._ingest import UploadMeta
 
 TRUNCATING_STOP_CONDITIONS = frozenset(
     {"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "compaction_failed"}
@@ -21,6 +22,26 @@ _PROVIDERS = (
     ("pinference", "prime"), ("primeintellect", "prime"), ("openai", "openai"),
     ("anthropic", "anthropic"), ("openrouter", "openrouter"), ("googleapis", "google"),
 )  # fmt: skip
+
+
+@dataclass
+class UploadMeta:
+    """What every row of one upload shares."""
+
+    upload_id: str
+    line_format: str
+    context: dict[str, str]
+    schema_version: int
+    producer: str
+    now: float
+    reject_marker: bytes | None = None
+    reject_omit_line: bool = False
+    reject_first_only: bool = False
+    #: The context as stored in every row, encoded once.
+    context_json: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.context_json = orjson.dumps(self.context).decode()
 
 
 def dig(obj: Any, *path: str) -> Any:

@@ -4,7 +4,8 @@ Route handlers are plain functions ``handler(req: Request) -> Response``
 registered in a module's ``ROUTES`` list; they raise :class:`HTTPError` for
 any answer that is an error, and the connection handler (``_listener``)
 turns it into the contract's envelope ``{"error": {"code", "message",
-"line"?, "id"?}}``.
+"line"?, "id"?}}``. A request reaches its connection only through
+:class:`Connection`, so this module stays below the listener that serves it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -21,8 +22,9 @@ from prime_traces.errors import ErrorCode
 from prime_traces.server._body import MemoryCharge, read_body
 
 if TYPE_CHECKING:
-    from prime_traces.server._listener import RequestHandler
-    from prime_traces.server._service import ServiceState
+    import socketserver
+
+    from prime_traces.server._state import ServiceState
 
 API_PREFIX = "/api/v1"
 UPLOAD_PATH = API_PREFIX + "/traces"
@@ -80,6 +82,23 @@ def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) 
     return Response(status, orjson.dumps(obj), headers=headers or {})
 
 
+class Connection(Protocol):
+    """What a handler may do with the connection its request came on (``_listener.RequestHandler``)."""
+
+    #: The request's one Content-Length, or None.
+    content_length: int | None
+    charge: MemoryCharge
+
+    @property
+    def server(self) -> socketserver.BaseServer: ...
+
+    def read_body_bytes(self, n: int) -> bytes: ...
+
+    def drain_body(self) -> None: ...
+
+    def close_after_response(self) -> None: ...
+
+
 @dataclass
 class Request:
     """One request as a route handler sees it."""
@@ -91,7 +110,7 @@ class Request:
     headers: Any
     producer: str
     state: ServiceState
-    handler: RequestHandler
+    handler: Connection
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)

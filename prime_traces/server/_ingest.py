@@ -15,7 +15,7 @@ costs about its body rather than every parsed line and its row at once.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 
@@ -29,32 +29,12 @@ from prime_traces._lines import (
     parse_line,
 )
 from prime_traces.errors import ErrorCode
-from prime_traces.server._extract import episode_columns, trace_columns
+from prime_traces.server._extract import UploadMeta, episode_columns, trace_columns
 from prime_traces.server._http import HTTPError
 from prime_traces.server._store import EpisodeRow, TraceRow
 
 #: The most rejected lines one answer lists (contract §9).
 MAX_LISTED_ERRORS = 1000
-
-
-@dataclass
-class UploadMeta:
-    """What every row of one upload shares."""
-
-    upload_id: str
-    line_format: str
-    context: dict[str, str]
-    schema_version: int
-    producer: str
-    now: float
-    reject_marker: bytes | None = None
-    reject_omit_line: bool = False
-    reject_first_only: bool = False
-    #: The context as stored in every row, encoded once.
-    context_json: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.context_json = orjson.dumps(self.context).decode()
 
 
 @dataclass

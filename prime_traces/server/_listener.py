@@ -17,7 +17,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -33,13 +33,14 @@ from prime_traces.server._http import (
     HTTPError,
     Request,
     Response,
+    Route,
     json_response,
     producer_of,
     retry_after_value,
 )
 
 if TYPE_CHECKING:
-    from prime_traces.server._service import ServiceState
+    from prime_traces.server._state import ServiceState
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,8 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     def _handle(self, state: ServiceState, path: str, query_string: str) -> Response:
         method = self.command
-        for route_method, pattern, func in state.routes:
+        routes = self.server.routes
+        for route_method, pattern, func in routes:
             match = pattern.match(path)
             if match is None:
                 continue
@@ -203,7 +205,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             req = Request(method, path, params, query, self.headers, producer, state, self)
             return func(req)
         self._authenticate(state)
-        if any(p.match(path) for _, p, _ in state.routes):
+        if any(p.match(path) for _, p, _ in routes):
             raise HTTPError(405, None, f"method {method} not allowed on {path}")
         raise HTTPError(404, ErrorCode.NOT_FOUND, f"no such route: {path}")
 
@@ -266,14 +268,15 @@ class RequestHandler(BaseHTTPRequestHandler):
 
 
 class TracesHTTPServer(ThreadingHTTPServer):
-    """A threading server that can close every open connection on stop."""
+    """A threading server that answers through ``routes`` and can close every open connection on stop."""
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], state: ServiceState) -> None:
+    def __init__(self, address: tuple[str, int], state: ServiceState, routes: Sequence[Route]) -> None:
         self.state = state
+        self.routes = routes
         self._conn_lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._conn_threads: set[threading.Thread] = set()

@@ -53,6 +53,7 @@ import orjson
 from prime_traces.errors import ErrorCode
 from prime_traces.server import _models as m
 from prime_traces.server._http import HTTPError, Request, Response, json_response, route
+from prime_traces.server._pages import decode_cursor, encode_cursor
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ def _limit(query: dict[str, list[str]]) -> int:
 
 
 def _cursor(token: str, scope: str, filters: dict[str, Any]) -> list[Any]:
-    key = m.decode_cursor(token, scope, filters, _CURSOR_TYPES)
+    key = decode_cursor(token, scope, filters, _CURSOR_TYPES)
     if key[0] not in (_STEPPED, _UNSTEPPED) or not INT64_MIN <= key[1] <= INT64_MAX:
         raise HTTPError(400, ErrorCode.INVALID_CURSOR, "cursor is not one this service issued")
     key[2] = float(key[2])  # an int there would overflow SQLite's binding past int64
@@ -294,7 +295,7 @@ def get_metrics(req: Request) -> Response:
         last = rows[-1]
         key = ([_STEPPED, last["step"], last["time"]] if last["step"] is not None
                else [_UNSTEPPED, last["seq"], last["time"]])  # fmt: skip
-        next_cursor = m.encode_cursor(scope, filters, key)
+        next_cursor = encode_cursor(scope, filters, key)
     return json_response(200, {"rows": [_render(r, names) for r in rows], "next_cursor": next_cursor})
 
 

@@ -6,21 +6,12 @@ integers as JSON integers, booleans as JSON booleans and datetimes as
 ISO-8601 UTC with millisecond precision and a ``Z``.
 
 Parsing: query values (contract §1 encoding: booleans ``true``/``false``,
-numbers in Python ``str()`` form, ISO-8601 datetimes) and the opaque page
-cursors. Every bad value is 400 ``invalid_filter``; a cursor that is not one
-of ours, or that was issued for other filters, is 400 ``invalid_cursor``.
-
-A cursor is the urlsafe base64 of ``{"v": 1, "f": <filter hash>, "k": <key>}``
-where the key is the sort key of the last item served and the hash covers the
-endpoint's scope and its normalised filters (the page size is not a filter:
-it may change from page to page).
+numbers in Python ``str()`` form, ISO-8601 datetimes). Every bad value is
+400 ``invalid_filter``. Page sizes and cursors are read in ``_pages``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -32,10 +23,7 @@ import orjson
 from prime_traces.errors import ErrorCode
 from prime_traces.server._http import HTTPError
 
-DEFAULT_PAGE_LIMIT = 20
-MAX_PAGE_LIMIT = 100
 CONTEXT_PREFIX = "context."
-_CURSOR_VERSION = 1
 # parse_qs turns an unencoded "+" into a space; "...T18:02:11 00:00" meant "+00:00".
 _SPACED_OFFSET = re.compile(r"^(.*:\d\d(?:\.\d+)?) (\d\d(?::?\d\d)?)$")
 
@@ -281,16 +269,6 @@ def parse_time_filter(value: str, name: str = "created_at") -> float:
     return moment.timestamp()
 
 
-def page_limit(query: dict[str, list[str]]) -> int:
-    """``limit``: default 20; anything but an integer in 1..100 is refused, not clamped."""
-    limit = as_int(query, "limit")
-    if limit is None:
-        return DEFAULT_PAGE_LIMIT
-    if not 1 <= limit <= MAX_PAGE_LIMIT:
-        raise bad_filter(f"limit must be between 1 and {MAX_PAGE_LIMIT}, not {limit}")
-    return limit
-
-
 def context_filters(query: dict[str, list[str]]) -> dict[str, str]:
     """The ``context.<key>=<value>`` filters, ANDed."""
     filters = {}
@@ -302,46 +280,3 @@ def context_filters(query: dict[str, list[str]]) -> dict[str, str]:
             filters[key] = one(query, name)
     return filters
 
-
-# -- cursors -----------------------------------------------------------------
-
-
-def _filter_hash(scope: str, filters: dict[str, Any]) -> str:
-    normalised = orjson.dumps([scope, filters], option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(normalised).hexdigest()[:32]
-
-
-def encode_cursor(scope: str, filters: dict[str, Any], key: Sequence[Any]) -> str:
-    payload = {"v": _CURSOR_VERSION, "f": _filter_hash(scope, filters), "k": list(key)}
-    return base64.urlsafe_b64encode(orjson.dumps(payload)).decode("ascii").rstrip("=")
-
-
-def decode_cursor(token: str, scope: str, filters: dict[str, Any], types: Sequence[type]) -> list[Any]:
-    """The sort key inside ``token``; 400 ``invalid_cursor`` unless it fits these filters."""
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        payload = orjson.loads(raw)
-    except (binascii.Error, ValueError):
-        raise HTTPError(400, ErrorCode.INVALID_CURSOR, "cursor is not one this service issued") from None
-    if not isinstance(payload, dict):
-        raise HTTPError(400, ErrorCode.INVALID_CURSOR, "cursor is not one this service issued")
-    key = payload.get("k")
-    if (
-        payload.get("v") != _CURSOR_VERSION
-        or not isinstance(key, list)
-        or len(key) != len(types)
-        or not all(_fits(value, kind) for value, kind in zip(key, types))
-    ):
-        raise HTTPError(400, ErrorCode.INVALID_CURSOR, "cursor is not one this service issued")
-    if payload.get("f") != _filter_hash(scope, filters):
-        raise HTTPError(400, ErrorCode.INVALID_CURSOR,
-                        "cursor was issued for other filters; send the same filters with it")  # fmt: skip
-    return key
-
-
-def _fits(value: Any, kind: type) -> bool:
-    if isinstance(value, bool):
-        return False
-    if kind is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, kind)

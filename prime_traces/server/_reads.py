@@ -1,4 +1,4 @@
-"""Trace and episode reads and deletes (contract §3, §4), and ``GET /_stats``.
+"""Trace and episode reads and deletes (contract §3, §4).
 
 Lists are keyset-paginated, newest first by ``created_at`` with ties broken
 by storage order (``seq``), so a page boundary never skips or repeats an item
@@ -35,7 +35,7 @@ from typing import Any
 from prime_traces.errors import ErrorCode
 from prime_traces.server import _models as m
 from prime_traces.server._http import HTTPError, Request, Response, json_response, route
-from prime_traces.server._service import service_stats
+from prime_traces.server._pages import keyset_page
 
 logger = logging.getLogger(__name__)
 
@@ -48,41 +48,6 @@ _SORTS = {
 _HINT_TOLERANCE_S = 0.001
 _NEWEST_TRACE = "SELECT * FROM traces WHERE trace_id = ? ORDER BY seq DESC LIMIT 1"
 _NEWEST_EPISODE = "SELECT * FROM episodes WHERE episode_id = ? ORDER BY seq DESC LIMIT 1"
-
-
-def keyset_page(
-    conn: sqlite3.Connection,
-    query: dict[str, list[str]],
-    *,
-    select: str,
-    where: list[str],
-    args: list[Any],
-    scope: str,
-    filters: dict[str, Any],
-    keys: tuple[str, str] = ("created_at", "seq"),
-    key_types: Sequence[type] = (float, int),
-    descending: bool = True,
-) -> tuple[list[sqlite3.Row], str | None]:
-    """One page of ``select`` ordered by ``keys``, and the cursor of the next one.
-
-    One row more than the page is fetched, so the last page has no cursor.
-    """
-    limit = m.page_limit(query)
-    token = m.one(query, "cursor")
-    where, args = list(where), list(args)
-    first, second = keys
-    op, direction = ("<", "DESC") if descending else (">", "ASC")
-    if token:
-        after, tie = m.decode_cursor(token, scope, filters, key_types)
-        where.append(f"({first} {op} ? OR ({first} = ? AND {second} {op} ?))")
-        args += [after, after, tie]
-    sql = (f"{select} WHERE {' AND '.join(where) or '1'} "
-           f"ORDER BY {first} {direction}, {second} {direction} LIMIT ?")  # fmt: skip
-    rows = conn.execute(sql, [*args, limit + 1]).fetchall()
-    if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, m.encode_cursor(scope, filters, [rows[-1][first], rows[-1][second]])
 
 
 def _context_clause(column: str, context: dict[str, str], where: list[str], args: list[Any]) -> None:
@@ -342,10 +307,6 @@ def list_episode_traces(req: Request) -> Response:
     return _trace_page(req, "SELECT * FROM traces", where, args, f"episode-traces:{episode_id}", filters)
 
 
-def get_stats(req: Request) -> Response:
-    return json_response(200, service_stats(req.state))
-
-
 ROUTES = [
     route("GET", "/traces", list_traces),
     route("DELETE", "/traces", delete_run_traces),
@@ -354,5 +315,4 @@ ROUTES = [
     route("GET", "/episodes", list_episodes),
     route("GET", "/episodes/{episode_id}", get_episode),
     route("GET", "/episodes/{episode_id}/traces", list_episode_traces),
-    route("GET", "/_stats", get_stats),
 ]

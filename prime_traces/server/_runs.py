@@ -45,7 +45,7 @@ from prime_traces.errors import ErrorCode
 from prime_traces.server import _models as m
 from prime_traces.server._http import HTTPError, Request, Response, json_response, route
 from prime_traces.server._metrics import metrics_summary
-from prime_traces.server._reads import keyset_page
+from prime_traces.server._pages import keyset_page
 
 logger = logging.getLogger(__name__)
 

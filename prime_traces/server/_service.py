@@ -1,4 +1,9 @@
-"""The local Traces service as an object: start, stop, its URL and state."""
+"""The local Traces service as an object: start, stop, its URL and state.
+
+The top layer of the service: it puts the route table together from every
+handler module's ``ROUTES`` (``GET /_stats`` is its own) and hands it to the
+listener with the state.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,10 @@ import shutil
 import socket
 import tempfile
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
-from prime_traces.server._body import (
-    DEFAULT_MAX_BODY_MEMORY_BYTES,
-    DEFAULT_READ_TIMEOUT_S,
-    MemoryBudget,
-)
+from prime_traces.server import _metrics, _reads, _runs, _upload
+from prime_traces.server._body import DEFAULT_MAX_BODY_MEMORY_BYTES, DEFAULT_READ_TIMEOUT_S, MemoryBudget
 from prime_traces.server._faults import (
     DEFAULT_MAX_UPLOADS_IN_FLIGHT,
     DEFAULT_SATURATED_RETRY_AFTER_S,
@@ -24,37 +25,16 @@ from prime_traces.server._faults import (
     InFlightLimiter,
     Stats,
 )
-from prime_traces.server._http import Route
+from prime_traces.server._http import Request, Response, Route, json_response, route
 from prime_traces.server._listener import TracesHTTPServer
+from prime_traces.server._state import DEFAULT_MAX_BODY_BYTES, ServiceState, service_stats
 from prime_traces.server._store import Store
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024 + 1024 * 1024
-MAX_UNCOMPRESSED_BYTES = 256 * 1024 * 1024
 STORE_MODES = ("sqlite", "none")
 VALIDATE_MODES = ("full", "light")
 _STOP_TIMEOUT_S = 5.0
-
-
-@dataclass
-class ServiceState:
-    """What every request handler may reach."""
-
-    store: Store
-    faults: Faults
-    stats: Stats
-    limiter: InFlightLimiter
-    budget: MemoryBudget
-    routes: list[Route]
-    api_key: str | None
-    store_mode: str = "sqlite"
-    validate_mode: str = "full"
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
-    saturated_retry_after_s: float = DEFAULT_SATURATED_RETRY_AFTER_S
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    stopping: threading.Event = field(default_factory=threading.Event)
 
 
 def is_loopback(host: str) -> bool:
@@ -75,10 +55,17 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-def all_routes() -> list[Route]:
-    from prime_traces.server import _metrics, _reads, _runs, _upload
+def get_stats(req: Request) -> Response:
+    return json_response(200, service_stats(req.state))
 
-    return [*_upload.ROUTES, *_runs.ROUTES, *_metrics.ROUTES, *_reads.ROUTES]
+
+ROUTES: list[Route] = [
+    *_upload.ROUTES,
+    *_runs.ROUTES,
+    *_metrics.ROUTES,
+    *_reads.ROUTES,
+    route("GET", "/_stats", get_stats),
+]
 
 
 class LocalTracesService:
@@ -181,11 +168,10 @@ class LocalTracesService:
                 stats=Stats(),
                 limiter=InFlightLimiter(self._limit),
                 budget=MemoryBudget(self._max_body_memory_bytes),
-                routes=all_routes(),
                 **self._options,
             )
             try:
-                server = TracesHTTPServer((self.host, self.port), self.state)
+                server = TracesHTTPServer((self.host, self.port), self.state, ROUTES)
             except BaseException:
                 store.close()
                 raise
@@ -235,7 +221,3 @@ class LocalTracesService:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def service_stats(state: ServiceState) -> dict[str, Any]:
-    return {**state.stats.snapshot(), **state.limiter.snapshot(), **state.budget.snapshot()}

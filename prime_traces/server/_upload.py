@@ -32,12 +32,8 @@ from prime_traces.server._http import (
     retry_after_value,
     route,
 )
-from prime_traces.server._ingest import (
-    UploadMeta,
-    iter_rows,
-    validate_full,
-    validate_light,
-)
+from prime_traces.server._extract import UploadMeta
+from prime_traces.server._ingest import iter_rows, validate_full, validate_light
 from prime_traces.server._store import UploadRecord
 
 logger = logging.getLogger(__name__)
