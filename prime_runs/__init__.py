@@ -9,16 +9,17 @@
     run.finish()                         # bounded by finish_timeout_s
 
 Records go to the Traces service (online), to a local directory (offline),
-or nowhere (disabled); see :func:`init`.
+or nowhere (disabled); see :func:`init`. The public API is what ``__all__``
+lists: :func:`init`, :class:`Run`, the modes and kinds a run takes, and the
+errors (:class:`PrimeRunsError`, the root, and :class:`SinkError`). The
+command line is :mod:`prime_runs.cli` (``prime-runs``).
 """
 
 import logging
 
 from prime_runs._init import init
-from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS
-from prime_runs._sink import Ledger, Sink, SinkStatus
-from prime_runs._worker import UploadWorker
-from prime_runs.errors import PrimeRunsError, RunStateError, SinkError
+from prime_runs._lifecycle import KINDS, MODES
+from prime_runs.errors import PrimeRunsError, SinkError
 from prime_runs.run import Run
 from prime_traces.version import __version__
 
@@ -26,15 +27,10 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "__version__",
-    "DEFAULT_MAX_QUEUED_BYTES",
-    "DEFAULT_MAX_QUEUED_RECORDS",
-    "Ledger",
+    "KINDS",
+    "MODES",
     "PrimeRunsError",
     "Run",
-    "RunStateError",
-    "Sink",
     "SinkError",
-    "SinkStatus",
-    "UploadWorker",
     "init",
 ]

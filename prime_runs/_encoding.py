@@ -18,7 +18,7 @@ import orjson
 
 from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger
-from prime_traces import MAX_LINE_BYTES
+from prime_traces.encoding import MAX_LINE_BYTES
 from prime_traces.encoding import LineParts, line_size
 from prime_traces.encoding import encode_record_parts, is_episode, record_form
 from prime_traces.encoding import LineError

@@ -34,7 +34,7 @@ from prime_runs._outcomes import RECORD, SIZE_CODES, TRANSIENT, describe, fault_
 from prime_runs._segment_reader import Entry, Scan, iter_entry_lines
 from prime_runs._segments import Frame, SegmentName, SegmentWriter
 from prime_runs._spool import rejected_entry
-from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
+from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
 from prime_traces.errors import TraceTooLargeError, UploadError
 
 logger = logging.getLogger(__name__)

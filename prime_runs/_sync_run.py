@@ -26,7 +26,7 @@ from prime_runs._segments import REJECTED, SegmentWriter
 from prime_runs._sync import FileProgress, FileSync, OnProgress, SyncStopped
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces._runs_api import MAX_METRIC_ROWS_PER_REQUEST, TERMINAL_STATUSES
+from prime_traces.client import MAX_METRIC_ROWS_PER_REQUEST, TERMINAL_STATUSES
 from prime_traces.errors import PrimeTracesError, RunFinishedError
 
 logger = logging.getLogger(__name__)

@@ -25,6 +25,3 @@ class SinkError(PrimeRunsError):
         text = f"{total} records not stored by the {sink} sink: {counts}"
         super().__init__(f"{text}; first: {detail}" if detail else text)
 
-
-class RunStateError(PrimeRunsError):
-    """The run cannot do that now (for example, logging after finish())."""

@@ -1,23 +1,50 @@
 """Client for the Prime Traces service, and a local Traces service.
 
-The client lives in this package's top level; the local service that speaks
-the same wire contract is :mod:`prime_traces.server` (``prime-traces serve``).
+    from prime_traces import TracesClient
+
+    with TracesClient() as client:                  # PRIME_API_KEY, PRIME_TRACES_URL
+        client.upload_records(episodes)             # concurrent, ordered, fail-stop
+        for trace in client.iter(run_id="run-1"):   # TraceSummary models
+            print(trace.trace_id, trace.score.reward)
+
+The public API is what ``__all__`` lists: the client, its errors (all in
+:mod:`prime_traces.errors`, under :class:`PrimeTracesError`), the models its
+reads return, :class:`LineFormat`, and :class:`LocalTracesService`, the local
+service that speaks the same wire contract (``prime-traces serve``; imported
+on first use). Public modules without a leading underscore serve code built
+on the client: :mod:`~prime_traces.encoding` (records to lines and the line
+rules), :mod:`~prime_traces.config` (where settings come from),
+:mod:`~prime_traces.threads` (daemon threads, fork safety),
+:mod:`~prime_traces.report` (what became of every line) and
+:mod:`~prime_traces.cli_output`. Tuning constants stay in their modules.
 """
 
-import logging
+from __future__ import annotations
 
-from prime_traces._batching import (
-    DEFAULT_TARGET_BATCH_BYTES,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_LINES,
-    MAX_LINE_BYTES,
-    Batch,
+import logging
+from typing import TYPE_CHECKING, Any
+
+from prime_traces._models import (
+    EpisodeDetail,
+    EpisodeError,
+    EpisodeListPage,
+    EpisodeSummary,
+    EpisodeTraceAggregate,
+    Execution,
+    MetricRow,
+    MetricsPage,
+    ModelInfo,
+    RunListPage,
+    RunStep,
+    RunStepList,
+    RunSummary,
+    Score,
+    TraceListPage,
+    TraceSummary,
+    UploadReceipt,
 )
-from prime_traces._compress import GZIP_LEVEL
-from prime_traces._models import UploadReceipt
-from prime_traces.report import BatchOutcome, BatchStatus, LineStatus, UploadReport
-from prime_traces.version import __version__
-from prime_traces.client import DEFAULT_MAX_IN_FLIGHT, TracesClient
+from prime_traces.client import TracesClient
+from prime_traces.encoding import LineFormat
 from prime_traces.errors import (
     AmbiguousDeleteError,
     APIError,
@@ -36,25 +63,53 @@ from prime_traces.errors import (
     UploadError,
     ValidationRejectedError,
 )
+from prime_traces.report import BatchOutcome, BatchStatus, LineStatus, UploadReport
+from prime_traces.version import __version__
+
+if TYPE_CHECKING:
+    from prime_traces.server import LocalTracesService
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
+
+def __getattr__(name: str) -> Any:
+    # The local service (SQLite, the HTTP server) loads only when asked for: a client never pays for it.
+    if name == "LocalTracesService":
+        from prime_traces.server import LocalTracesService
+
+        return LocalTracesService
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
-    "Batch",
-    "BatchOutcome",
-    "BatchStatus",
-    "DEFAULT_MAX_IN_FLIGHT",
-    "DEFAULT_TARGET_BATCH_BYTES",
-    "GZIP_LEVEL",
-    "LineStatus",
-    "MAX_BATCH_BYTES",
-    "MAX_BATCH_LINES",
-    "MAX_LINE_BYTES",
+    # the client and what it returns
     "TracesClient",
-    "UploadError",
+    "LineFormat",
     "UploadReceipt",
     "UploadReport",
+    "BatchOutcome",
+    "BatchStatus",
+    "LineStatus",
+    # read models
+    "EpisodeDetail",
+    "EpisodeError",
+    "EpisodeListPage",
+    "EpisodeSummary",
+    "EpisodeTraceAggregate",
+    "Execution",
+    "MetricRow",
+    "MetricsPage",
+    "ModelInfo",
+    "RunListPage",
+    "RunStep",
+    "RunStepList",
+    "RunSummary",
+    "Score",
+    "TraceListPage",
+    "TraceSummary",
+    # errors
+    "PrimeTracesError",
     "AmbiguousDeleteError",
     "APIError",
     "APITimeoutError",
@@ -62,12 +117,14 @@ __all__ = [
     "ForbiddenError",
     "LineFormatConflictError",
     "NotFoundError",
-    "PrimeTracesError",
     "ResponseFormatError",
     "RetryableAPIError",
     "RunFinishedError",
     "TraceTooLargeError",
     "TransportError",
     "UnauthorizedError",
+    "UploadError",
     "ValidationRejectedError",
+    # the local service
+    "LocalTracesService",
 ]

@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import orjson
-import requests
 import tenacity
-import urllib3.exceptions
 
 from prime_traces.config import api_url, encode_query
 from prime_traces._models import (
@@ -43,11 +41,10 @@ from prime_traces._retry import (
     get_retrying,
     wait_retry_after_or_backoff,
 )
-from prime_traces._transport import Transport
+from prime_traces._transport import Transport, not_sent
 from prime_traces.errors import (
     SERVICE_REFUSAL_CODES,
     AmbiguousDeleteError,
-    APITimeoutError,
     ResponseFormatError,
     RetryableAPIError,
     TransportError,
@@ -104,26 +101,13 @@ def _path(url: str) -> str:
     return url.split("?", 1)[0]
 
 
-def _not_sent(err: TransportError) -> bool:
-    """Whether the request failed before any byte of it reached the service."""
-    cause = err.__cause__
-    if isinstance(cause, requests.ConnectTimeout):
-        return True
-    if not isinstance(cause, requests.ConnectionError) or isinstance(cause, requests.Timeout):
-        return False
-    # requests wraps urllib3's MaxRetryError, whose reason says which step failed.
-    reason = cause.args[0] if cause.args else None
-    reason = getattr(reason, "reason", reason)
-    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError included
-
-
 def _delete_retryable(err: BaseException) -> bool:
     """Whether a failed DELETE certainly did nothing, so sending it again is safe."""
     if isinstance(err, RetryableAPIError):
         if err.status_code == 429:
             return True
         return err.status_code == 503 and err.code in SERVICE_REFUSAL_CODES
-    return isinstance(err, TransportError) and _not_sent(err)
+    return isinstance(err, TransportError) and not_sent(err)
 
 
 def _log_retry(retry_state: tenacity.RetryCallState) -> None:
@@ -293,26 +277,14 @@ class ReadAPI:
         resp = self._transport.request("GET", url, params=_RAW, stream=True)
         written = 0
         try:
-            chunks = resp.iter_content(DOWNLOAD_CHUNK_BYTES)
-            while True:
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
-                    return written
-                except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as err:
-                    # requests reports a read timeout mid-body as ConnectionError(ReadTimeoutError).
-                    timed_out = any(isinstance(a, urllib3.exceptions.ReadTimeoutError) for a in err.args)
-                    kind = APITimeoutError if timed_out else TransportError
-                    error = kind(f"GET {_path(url)}: the body broke off after {written} bytes: "
-                                 f"{type(err).__name__}: {err}")  # fmt: skip
-                    error.__cause__ = err
-                    if written:
-                        raise _StreamInterrupted(error) from err
-                    raise error from err
+            for chunk in self._transport.iter_body(resp, DOWNLOAD_CHUNK_BYTES, f"GET {_path(url)}"):
                 out.write(chunk)
                 written += len(chunk)
-        finally:
-            resp.close()
+        except TransportError as err:  # APITimeoutError included
+            if written:
+                raise _StreamInterrupted(err) from err
+            raise
+        return written
 
     def delete(self, trace_id: str, *, created_at: str | datetime | None = None) -> None:
         """Delete every stored copy of ``trace_id`` (only the copies at ``created_at`` if given).

@@ -17,7 +17,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -285,6 +285,32 @@ class Transport:
             raise error_from_response(resp, self._hide)
         return resp
 
+    def iter_body(self, resp: requests.Response, chunk_bytes: int, what: str) -> Iterator[bytes]:
+        """The body of a streamed answer in chunks; a body that breaks off raises the typed error.
+
+        ``what`` names the request in the message (``GET /path``), which says
+        how many bytes had arrived. The response is closed at the end, whatever happens.
+        """
+        written = 0
+        try:
+            chunks = resp.iter_content(chunk_bytes)
+            while True:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+                except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as err:
+                    # requests reports a read timeout mid-body as ConnectionError(ReadTimeoutError).
+                    timed_out = any(isinstance(a, urllib3.exceptions.ReadTimeoutError) for a in err.args)
+                    kind = APITimeoutError if timed_out else TransportError
+                    self._hide.exception_chain(err)
+                    text = self._hide.subn(f"{type(err).__name__}: {err}")[0]
+                    raise kind(f"{what}: the body broke off after {written} bytes: {_short(text)}") from err
+                written += len(chunk)
+                yield chunk
+        finally:
+            resp.close()
+
     def close(self) -> None:
         """Close every session this transport opened (in this process).
 
@@ -296,6 +322,19 @@ class Transport:
             sessions, self._sessions = self._sessions, {}
         for session in sessions:
             session.close()
+
+
+def not_sent(err: TransportError) -> bool:
+    """Whether the request behind ``err`` failed before any byte of it reached the service."""
+    cause = err.__cause__
+    if isinstance(cause, requests.ConnectTimeout):
+        return True
+    if not isinstance(cause, requests.ConnectionError) or isinstance(cause, requests.Timeout):
+        return False
+    # requests wraps urllib3's MaxRetryError, whose reason says which step failed.
+    reason = cause.args[0] if cause.args else None
+    reason = getattr(reason, "reason", reason)
+    return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError included
 
 
 def _path(url: str) -> str:

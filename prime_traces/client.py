@@ -11,17 +11,19 @@ from typing import Any
 
 from prime_traces._batching import (
     DEFAULT_TARGET_BATCH_BYTES,
+    MAX_BATCH_BYTES,
     LineParts,
     iter_file_lines,
 )
 from prime_traces._compress import COMPRESSION_CHOICES, DEFAULT_ZSTD_LEVEL, CodingSelector
 from prime_traces.config import READ_TIMEOUT_S, resolve_config
+from prime_traces.encoding import LineFormat
 from prime_traces._encode import encode_record_parts, is_episode
 from prime_traces._models import UploadReceipt
 from prime_traces.threads import DaemonPool
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
-from prime_traces._runs_api import RUN_KINDS, TERMINAL_STATUSES, RunsAPI
+from prime_traces._runs_api import MAX_METRIC_ROWS_PER_REQUEST, RUN_KINDS, TERMINAL_STATUSES, RunsAPI
 from prime_traces._transport import Transport
 from prime_traces._uploader import (
     DEFAULT_ABANDON_AFTER_S,
@@ -44,7 +46,9 @@ __all__ = [
     "DEFAULT_PING_TIMEOUT_S",
     "DEFAULT_TARGET_BATCH_BYTES",
     "DEFAULT_UPLOAD_ATTEMPTS",
+    "MAX_BATCH_BYTES",
     "MAX_IN_FLIGHT_LIMIT",
+    "MAX_METRIC_ROWS_PER_REQUEST",
     "RUN_KINDS",
     "TERMINAL_STATUSES",
     "TracesClient",
@@ -126,7 +130,7 @@ class TracesClient(ReadAPI, RunsAPI):
         self,
         lines: Iterable[bytes | str],
         *,
-        line_format: str = "trace",
+        line_format: LineFormat | str = LineFormat.TRACE,
         context: dict[str, str] | None = None,
         schema_version: int = 1,
         target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
@@ -159,6 +163,8 @@ class TracesClient(ReadAPI, RunsAPI):
             raise TypeError("lines must be an iterable of lines, not a single str or bytes")
         if self._closed.is_set():
             raise RuntimeError("this TracesClient is closed")
+        if isinstance(line_format, LineFormat):
+            line_format = line_format.value
         settings = UploadSettings(line_format, context, schema_version, target_batch_bytes, max_attempts,
                                   max_refused_s)  # fmt: skip
         settings.validate()
@@ -167,7 +173,7 @@ class TracesClient(ReadAPI, RunsAPI):
         return upload.run(lines)
 
     def upload_records(
-        self, records: Iterable[Any], *, line_format: str | None = None, **kwargs: Any
+        self, records: Iterable[Any], *, line_format: LineFormat | str | None = None, **kwargs: Any
     ) -> list[UploadReceipt]:
         """Upload records, encoded lazily one at a time as batches fill.
 

@@ -5,6 +5,7 @@ that queues records and hands them to the client later (``prime_runs``) uses
 the same functions, so a record becomes the same bytes, and breaks the same
 rules, whichever way it travels.
 
+- :class:`LineFormat`: what a line is, a trace or an episode envelope (contract §7).
 - :func:`record_form`: the one rule for what a record is (a mapping; else its
   ``to_json()`` bytes; else its ``to_record()``; else an error naming it).
 - :func:`is_episode`: whether a record is an episode envelope (contract §7).
@@ -25,12 +26,16 @@ Usage::
 
 from __future__ import annotations
 
-from prime_traces._batching import LineParts, line_size
+import enum
+
+from prime_traces._batching import MAX_LINE_BYTES, LineParts, line_size
 from prime_traces._encode import encode_record_parts, is_episode, record_form
 from prime_traces._lines import LineError, LineFacts, check_record
 
 __all__ = [
+    "MAX_LINE_BYTES",
     "LineError",
+    "LineFormat",
     "LineFacts",
     "LineParts",
     "check_record",
@@ -39,3 +44,16 @@ __all__ = [
     "line_size",
     "record_form",
 ]
+
+
+class LineFormat(str, enum.Enum):
+    """The two line formats of an upload (contract §7); each equals its string (``"trace"``, ``"episode"``)."""
+
+    TRACE = "trace"
+    EPISODE = "episode"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)

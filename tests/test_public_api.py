@@ -1,0 +1,126 @@
+"""The public API is chosen: both ``__all__`` lists are pinned, and ``prime_runs`` uses only
+``prime_traces``' public surface (modules without a leading underscore)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import prime_runs
+import prime_traces
+
+PRIME_TRACES_API = [
+    "APIError",
+    "APITimeoutError",
+    "AmbiguousDeleteError",
+    "BatchOutcome",
+    "BatchStatus",
+    "EpisodeDetail",
+    "EpisodeError",
+    "EpisodeListPage",
+    "EpisodeSummary",
+    "ErrorCode",
+    "EpisodeTraceAggregate",
+    "Execution",
+    "ForbiddenError",
+    "LineFormat",
+    "LineFormatConflictError",
+    "LineStatus",
+    "LocalTracesService",
+    "MetricRow",
+    "MetricsPage",
+    "ModelInfo",
+    "NotFoundError",
+    "PrimeTracesError",
+    "ResponseFormatError",
+    "RetryableAPIError",
+    "RunFinishedError",
+    "RunListPage",
+    "RunStep",
+    "RunStepList",
+    "RunSummary",
+    "Score",
+    "TraceListPage",
+    "TraceSummary",
+    "TraceTooLargeError",
+    "TracesClient",
+    "TransportError",
+    "UnauthorizedError",
+    "UploadError",
+    "UploadReceipt",
+    "UploadReport",
+    "ValidationRejectedError",
+    "__version__",
+]
+
+PRIME_RUNS_API = [
+    "KINDS",
+    "MODES",
+    "PrimeRunsError",
+    "Run",
+    "SinkError",
+    "__version__",
+    "init",
+]
+
+
+def test_prime_traces_exports_exactly_its_chosen_api():
+    assert sorted(prime_traces.__all__) == sorted(PRIME_TRACES_API)
+    for name in prime_traces.__all__:
+        assert getattr(prime_traces, name) is not None, name
+
+
+def test_prime_runs_exports_exactly_its_chosen_api():
+    assert sorted(prime_runs.__all__) == sorted(PRIME_RUNS_API)
+    for name in prime_runs.__all__:
+        assert getattr(prime_runs, name) is not None, name
+
+
+def test_every_error_of_prime_traces_lives_in_its_errors_module_under_one_root():
+    for name in prime_traces.__all__:
+        value = getattr(prime_traces, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert value.__module__ == "prime_traces.errors", name
+            assert issubclass(value, prime_traces.PrimeTracesError), name
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports, at any depth, with its line (``from a import b`` gives ``a.b`` too)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _private(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "prime_traces" and any(part.startswith("_") and part != "__version__" for part in parts[1:])
+
+
+def test_prime_runs_imports_no_private_module_of_prime_traces():
+    offences = []
+    for path in sorted(Path(prime_runs.__file__).parent.rglob("*.py")):
+        for line, module in _imports(path):
+            if _private(module):
+                offences.append(f"{path.name}:{line}: {module}")
+    assert offences == []
+
+
+def test_the_boundary_check_sees_a_private_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from prime_traces._transport import Transport\n    from prime_traces import _encode\n")
+    assert {m for _, m in _imports(probe) if _private(m)} >= {"prime_traces._transport", "prime_traces._encode"}
+
+
+def test_public_modules_of_prime_traces_are_documented_and_import():
+    for info in pkgutil.iter_modules(prime_traces.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"prime_traces.{info.name}")
+        assert (module.__doc__ or "").strip(), f"prime_traces.{info.name} has no docstring"
