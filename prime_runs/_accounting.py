@@ -16,10 +16,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 #: ``(kind, sink, reason, records, detail)``: kind is ``dropped``, ``failed`` or ``spooled``; sink is None for drops.
-LossListener = Callable[[str, Optional[str], str, int, Optional[str]], Any]
+LossListener = Callable[[str, str | None, str, int, str | None], Any]
 
 # Submit latencies are kept in a fixed ring: p99 over the most recent calls,
 # constant memory however long the run.

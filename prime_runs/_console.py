@@ -73,7 +73,7 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
                     self._open_line = False
                 stream.write(text + "\n")
             stream.flush()
-        except Exception:  # noqa: BLE001, S110  (a closed or broken stderr must never break the run)
+        except Exception:  # noqa: BLE001  (a closed or broken stderr must never break the run)
             pass
 
 
@@ -131,9 +131,15 @@ class Console:
         console.close()
     """
 
-    def __init__(self, *, enabled: bool, directory: str | None = None,
-                 repeat_interval_s: float = REPEAT_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        directory: str | None = None,
+        repeat_interval_s: float = REPEAT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
+    ) -> None:
         self.enabled = enabled
         # Without the background thread, lines are written only by close() (tests drive _take_lines).
         self.background = background
@@ -196,8 +202,10 @@ class Console:
             return f"{detail} ({reason})"
         if kind == "spooled":
             where = f" in {self.directory}" if self.directory else ""
-            return (f"{records} records could not be delivered ({reason}) and are kept on disk{where}; "
-                    "they are uploaded when the service answers again, or by `prime-runs sync`")  # fmt: skip
+            return (
+                f"{records} records could not be delivered ({reason}) and are kept on disk{where}; "
+                "they are uploaded when the service answers again, or by `prime-runs sync`"
+            )
         if detail:
             return f"not stored, {reason}: {detail}"
         return f"{records} records {_VERBS.get(kind, kind)} ({reason})"
@@ -234,8 +242,10 @@ class Console:
                 return lines
             for (kind, reason), tally in self._tallies.items():
                 if tally.total > tally.shown and now - tally.shown_at >= self.repeat_interval_s:
-                    lines.append(f"{tally.total - tally.shown} more records {_VERBS.get(kind, kind)} ({reason}) "
-                                 f"in the last {now - tally.shown_at:.0f} s; {tally.total} in all")  # fmt: skip
+                    lines.append(
+                        f"{tally.total - tally.shown} more records {_VERBS.get(kind, kind)} ({reason}) "
+                        f"in the last {now - tally.shown_at:.0f} s; {tally.total} in all"
+                    )
                     tally.shown, tally.shown_at = tally.total, now
             return lines
 

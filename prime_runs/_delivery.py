@@ -88,7 +88,7 @@ class Delivery:
             else:
                 try:
                     status = sink.write(records, line_format, ledger, self.cancel)
-                except Exception as err:  # noqa: BLE001  (a broken sink loses its write, not the worker)
+                except Exception as err:  # a broken sink loses its write, not the worker
                     logger.warning("sink %s failed on a write of %d records", sink.name, len(records), exc_info=True)
                     ledger.undelivered(range(len(records)), f"sink_error:{type(err).__name__}")
                     status = SinkStatus.TRANSIENT
@@ -109,15 +109,24 @@ class Delivery:
             spooled = 0
             try:
                 spooled = spool.spill(records, line_format, ledger, groups, self.spill_deadline)
-            except Exception as err:  # noqa: BLE001  (a failed spill loses those records, never the worker)
-                logger.warning("spooling %d records to %s failed", sum(len(g.indexes) for g in groups),
-                               spool.directory, exc_info=True)  # fmt: skip
+            except Exception as err:  # a failed spill loses those records, never the worker
+                logger.warning(
+                    "spooling %d records to %s failed",
+                    sum(len(g.indexes) for g in groups),
+                    spool.directory,
+                    exc_info=True,
+                )
                 lost = f"spool_error:{type(err).__name__}"
             if spooled and sink.name not in self._spool_noted:
                 self._spool_noted.add(sink.name)
                 why = ", ".join(sorted({g.reason for g in groups}))
-                logger.warning("%s sink: records not delivered (%s) are kept in %s; `prime-runs sync %s` "
-                               "uploads them", sink.name, why, spool.directory, spool.directory)  # fmt: skip
+                logger.warning(
+                    "%s sink: records not delivered (%s) are kept in %s; `prime-runs sync %s` uploads them",
+                    sink.name,
+                    why,
+                    spool.directory,
+                    spool.directory,
+                )
         else:
             spool.set_aside(records, line_format, ledger)
         ledger.close(lost, keep_reasons=False)
@@ -127,8 +136,14 @@ class Delivery:
             self.retired.add(sink.name)
             kept = "kept on disk for `prime-runs sync`" if spool_of(sink) else "counted as failed"
             why = getattr(sink, "permanent_refusal", None) or ", ".join(sorted(ledger.failures)) or "refused"
-            logger.error("sink %s was refused in a way no later request can get past (%s): it is retired for the "
-                         "rest of the run, and its records are %s (%s)", sink.name, why, kept, SINK_RETIRED)  # fmt: skip
+            logger.error(
+                "sink %s was refused in a way no later request can get past (%s): it is retired for the "
+                "rest of the run, and its records are %s (%s)",
+                sink.name,
+                why,
+                kept,
+                SINK_RETIRED,
+            )
         elif status is SinkStatus.TRANSIENT and spool_of(sink) is None:
             # With a spool nothing is lost by going on (an outage waits on disk): only a sink
             # without one is retired after failing writes in a row, to stop spending requests.
@@ -137,8 +152,11 @@ class Delivery:
                 self.retired.add(sink.name)
                 logger.error(
                     "sink %s failed %d writes in a row and is retired for the rest of the run; "
-                    "its records are counted as failed (%s)", sink.name, STRIKES_TO_RETIRE, SINK_RETIRED,
-                )  # fmt: skip
+                    "its records are counted as failed (%s)",
+                    sink.name,
+                    STRIKES_TO_RETIRE,
+                    SINK_RETIRED,
+                )
         else:
             self._strikes[sink.name] = 0
         if ledger.failures:
@@ -151,5 +169,5 @@ class Delivery:
         for sink, reasons in failures.items():
             try:
                 self.on_error(SinkError(sink, reasons, ledger.first_detail if ledger is not None else None))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 logger.warning("on_error callback failed", exc_info=True)

@@ -31,8 +31,12 @@ def add_demo_command(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=20, help="training steps (default: 20)")
     p.add_argument("--episodes-per-step", type=int, default=16, help="episodes per step (default: 16)")
     p.add_argument("--episode-kb", type=int, default=256, help="approximate size of an episode (default: 256)")
-    p.add_argument("--keep", default=None, metavar="DIR",
-                   help="keep the service's SQLite file (traces.db) in DIR, to look at it afterwards")  # fmt: skip
+    p.add_argument(
+        "--keep",
+        default=None,
+        metavar="DIR",
+        help="keep the service's SQLite file (traces.db) in DIR, to look at it afterwards",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_demo)
 
@@ -59,14 +63,21 @@ def _demo(args: argparse.Namespace, where: str) -> int:
     rng = random.Random(args.seed)
     total = args.steps * args.episodes_per_step
     with LocalTracesService(db_path) as service:
-        print(f"local Traces service on {service.url}, SQLite in {db_path}"
-              + ("" if args.keep else " (deleted at the end; --keep DIR keeps it)"))  # fmt: skip
+        print(
+            f"local Traces service on {service.url}, SQLite in {db_path}"
+            + ("" if args.keep else " (deleted at the end; --keep DIR keeps it)")
+        )
         print(f"training: {args.steps} steps x {args.episodes_per_step} episodes of ~{args.episode_kb} KB", flush=True)
         run = prime_runs.init(
-            "demo-grpo", kind="train", config={"lr": 1e-6, "episodes_per_step": args.episodes_per_step},
-            base_url=service.url, api_key=DEMO_API_KEY, mode="online", handle_signals=False,
+            "demo-grpo",
+            kind="train",
+            config={"lr": 1e-6, "episodes_per_step": args.episodes_per_step},
+            base_url=service.url,
+            api_key=DEMO_API_KEY,
+            mode="online",
+            handle_signals=False,
             dir=os.path.join(where, "runs"),
-        )  # fmt: skip
+        )
         progress = Progress("demo: logged", stream=sys.stderr)
         progress.start(total, total * args.episode_kb * 1000)
         slowest_s = 0.0
@@ -74,8 +85,9 @@ def _demo(args: argparse.Namespace, where: str) -> int:
         for step in range(args.steps):
             now = time.time()
             episodes = [
-                generate_episode(rng.getrandbits(64), target_bytes=args.episode_kb * 1000, run_id=run.id,
-                                 step=step, now=now)  # fmt: skip
+                generate_episode(
+                    rng.getrandbits(64), target_bytes=args.episode_kb * 1000, run_id=run.id, step=step, now=now
+                )
                 for _ in range(args.episodes_per_step)
             ]
             call_started = time.perf_counter()
@@ -93,8 +105,16 @@ def _demo(args: argparse.Namespace, where: str) -> int:
     return 0 if run.stats()["sinks"]["traces"]["stored"] == total == stored_episodes else 1
 
 
-def _report(run: Any, summary: Any, stored_episodes: int, db_path: str, slowest_s: float, elapsed: float,
-            total: int, args: argparse.Namespace) -> None:  # fmt: skip
+def _report(
+    run: Any,
+    summary: Any,
+    stored_episodes: int,
+    db_path: str,
+    slowest_s: float,
+    elapsed: float,
+    total: int,
+    args: argparse.Namespace,
+) -> None:
     sink = run.stats()["sinks"]["traces"]
     json_bytes = total * args.episode_kb * 1000
     print()
@@ -102,11 +122,15 @@ def _report(run: Any, summary: Any, stored_episodes: int, db_path: str, slowest_
     print(f"episodes stored            {sink['stored']} (read back from the service: {stored_episodes})")
     print(f"episodes dropped           {run.dropped_records}")
     print(f"episodes failed            {sum(sink['failed'].values())}")
-    print(f"traces stored              {summary.trace_count} (an episode is one rollout: an envelope holding "
-          "one trace per agent that took part, 1 to 4 here)")  # fmt: skip
+    print(
+        f"traces stored              {summary.trace_count} (an episode is one rollout: an envelope holding "
+        "one trace per agent that took part, 1 to 4 here)"
+    )
     print(f"slowest log_episodes()     {slowest_s * 1000:.2f} ms")
-    print(f"throughput                 {total / elapsed:.1f} episodes/s, "
-          f"{json_bytes / elapsed / 1e6:.1f} MB/s of JSON (generation included)")  # fmt: skip
+    print(
+        f"throughput                 {total / elapsed:.1f} episodes/s, "
+        f"{json_bytes / elapsed / 1e6:.1f} MB/s of JSON (generation included)"
+    )
     print(f"run status                 {summary.status} (steps {summary.step_min}..{summary.step_max})")
     print()
     if args.keep is None:

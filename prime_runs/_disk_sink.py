@@ -19,9 +19,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prime_runs._encoding import EncodedWrite, RunStamp
-from prime_runs._size_meter import SizeMeter
 from prime_runs._segments import Frame, frames_of
 from prime_runs._sink import Ledger, SinkStatus
+from prime_runs._size_meter import SizeMeter
 from prime_runs._spool import DISK_ERROR, RecordFiles, Spool
 from prime_traces.encoding import check_record
 
@@ -48,8 +48,15 @@ class DiskSink:
         sink.close()
     """
 
-    def __init__(self, files: RecordFiles, stamp: RunStamp | None, meter: SizeMeter | None = None, *,
-                 name: str = "offline", validate: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        files: RecordFiles,
+        stamp: RunStamp | None,
+        meter: SizeMeter | None = None,
+        *,
+        name: str = "offline",
+        validate: bool = True,
+    ) -> None:
         self.name = name
         self.files = files
         self.stamp = stamp
@@ -65,9 +72,7 @@ class DiskSink:
     def __repr__(self) -> str:
         return f"DiskSink(name={self.name!r}, directory={self.directory!r})"
 
-    def write(
-        self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event
-    ) -> SinkStatus:
+    def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
         """Append ``records`` as segment entries, fsync, and report them into ``ledger``."""
         check = functools.partial(_check, line_format, time.time()) if self.validate else None
         encoded = EncodedWrite(records, line_format, self.stamp, self.meter, ledger, check=check)

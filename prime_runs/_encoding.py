@@ -16,12 +16,17 @@ from typing import Any
 
 import orjson
 
-from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger
-from prime_traces.encoding import MAX_LINE_BYTES
-from prime_traces.encoding import LineParts, line_size
-from prime_traces.encoding import encode_record_parts, is_episode, record_form
-from prime_traces.encoding import LineError
+from prime_runs._size_meter import SizeMeter
+from prime_traces.encoding import (
+    MAX_LINE_BYTES,
+    LineError,
+    LineParts,
+    encode_record_parts,
+    is_episode,
+    line_size,
+    record_form,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +71,7 @@ class UserCodeError(ValueError):
 def _call_user(method: Any, name: str) -> Any:
     try:
         return method()
-    except BaseException as err:  # noqa: BLE001  (the record fails alone, whatever it raises)
+    except BaseException as err:  # the record fails alone, whatever it raises
         raise UserCodeError(f"{name} raised {type(err).__name__}: {err}") from err
 
 
@@ -148,9 +153,12 @@ class EncodedWrite:
                 continue
             size = line_size(line)
             if size > MAX_LINE_BYTES:
-                self._invalid(position, RECORD_TOO_LARGE,
-                              f"{size} bytes encoded, over the limit of {MAX_LINE_BYTES} for one record",
-                              record_id)  # fmt: skip
+                self._invalid(
+                    position,
+                    RECORD_TOO_LARGE,
+                    f"{size} bytes encoded, over the limit of {MAX_LINE_BYTES} for one record",
+                    record_id,
+                )
                 continue
             if self.meter is not None:
                 self.meter.observe(size + 1)
@@ -178,7 +186,7 @@ def _cause(err: BaseException, index: int) -> str:
     if isinstance(err, (TypeError, ValueError)) and not isinstance(err, orjson.JSONDecodeError):
         text = str(err)
         prefix = f"record {index}: "
-        return text[len(prefix):] if text.startswith(prefix) else text
+        return text[len(prefix) :] if text.startswith(prefix) else text
     if isinstance(err, orjson.JSONDecodeError):
         return f"to_json() is not valid JSON: {err}"
     return f"{type(err).__name__} while reading the record: {err}"

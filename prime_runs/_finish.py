@@ -46,10 +46,19 @@ def interrupted_notice(self: Run) -> None:
     left = self._worker.stats() if self._worker is not None else {}
     records = int(left.get("queued_records", 0)) + int(left.get("in_flight_records", 0))
     where = f" in {os.path.abspath(self.dir)}" if self.dir else ""
-    waiting = f"waiting up to {self.finish_timeout_s:.0f} s for {records} records to upload" if records else (
-        "recording its status")
-    self.console.say("interrupted: finishing run %s, %s; press Ctrl-C again to stop waiting (what is left is "
-                     "kept on disk%s for `prime-runs sync`)", self.id, waiting, where)  # fmt: skip
+    waiting = (
+        f"waiting up to {self.finish_timeout_s:.0f} s for {records} records to upload"
+        if records
+        else ("recording its status")
+    )
+    self.console.say(
+        "interrupted: finishing run %s, %s; press Ctrl-C again to stop waiting (what is left is "
+        "kept on disk%s for `prime-runs sync`)",
+        self.id,
+        waiting,
+        where,
+    )
+
 
 def finish_run(self: Run, status: str, error: str | BaseException | None, deadline: float, timeout: float) -> None:
     """Flush (bounded), record the terminal status and ``run.json``, tell the user; ``finish()``'s body."""
@@ -101,6 +110,7 @@ def finish_run(self: Run, status: str, error: str | BaseException | None, deadli
     live_runs.discard(self)
     self._hooks.uninstall()
 
+
 def _tell_the_user(self: Run) -> None:
     console = self.console
     console.close()
@@ -108,11 +118,19 @@ def _tell_the_user(self: Run) -> None:
         return
     history = self.history
     charts = [metric_line(name, *history.series(name)) for name in history.points]
-    lines = summary_lines(name=self.name, run_id=self.id, mode=self.mode, status=self.status,
-                          stats=self.stats(), elapsed_s=time.monotonic() - self._started,
-                          directory=self.dir, charts=charts)  # fmt: skip
+    lines = summary_lines(
+        name=self.name,
+        run_id=self.id,
+        mode=self.mode,
+        status=self.status,
+        stats=self.stats(),
+        elapsed_s=time.monotonic() - self._started,
+        directory=self.dir,
+        charts=charts,
+    )
     for line in lines:
         console.say("%s", line)
+
 
 def _say_what_is_left(self: Run, recorded: bool) -> None:
     """Where the records that are not on the service are, and the command that uploads them."""
@@ -124,15 +142,27 @@ def _say_what_is_left(self: Run, recorded: bool) -> None:
     where = os.path.abspath(self.dir)
     if self.mode == "offline":
         stored = sum(c["stored"] for c in sinks.values())
-        logger.info("run %s: %d records saved in %s; upload them with: prime-runs sync %s",
-                    self.id, stored + spooled, where, where)  # fmt: skip
+        logger.info(
+            "run %s: %d records saved in %s; upload them with: prime-runs sync %s",
+            self.id,
+            stored + spooled,
+            where,
+            where,
+        )
     elif spooled or (not recorded and self._run_file is not None and self._run_file.active):
         reasons = collections.Counter[str]()
         for counts in sinks.values():
             reasons.update(counts["spooled_reasons"])
         why = f" ({', '.join(f'{r}: {n}' for r, n in reasons.most_common())})" if reasons else ""
-        logger.warning("run %s: %d records were not delivered%s and are saved in %s; upload them with: "
-                       "prime-runs sync %s", self.id, spooled, why, where, where)  # fmt: skip
+        logger.warning(
+            "run %s: %d records were not delivered%s and are saved in %s; upload them with: prime-runs sync %s",
+            self.id,
+            spooled,
+            why,
+            where,
+            where,
+        )
+
 
 def _record_status(self: Run, status: str, error: str | None, deadline: float) -> bool:
     """Send the terminal status with the whole config and summary, waiting until ``deadline``.
@@ -160,10 +190,20 @@ def _record_status(self: Run, status: str, error: str | None, deadline: float) -
                     config, summary = self._snapshot(everything=True)
                 else:
                     config = summary = None
-                    logger.warning("run %s: an earlier update is still waiting for an answer; "
-                                   "sending status %r without the latest config and summary", self.id, status)  # fmt: skip
-                lifecycle.update(self.id, config=config, summary=summary, status=status, error=error,
-                                 timeout_s=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()))  # fmt: skip
+                    logger.warning(
+                        "run %s: an earlier update is still waiting for an answer; "
+                        "sending status %r without the latest config and summary",
+                        self.id,
+                        status,
+                    )
+                lifecycle.update(
+                    self.id,
+                    config=config,
+                    summary=summary,
+                    status=status,
+                    error=error,
+                    timeout_s=max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()),
+                )
                 confirmed.append(True)
             finally:
                 if locked:
@@ -179,6 +219,9 @@ def _record_status(self: Run, status: str, error: str | None, deadline: float) -
     answered = self._status_answered = threading.Event()
     run_in_daemon(send, f"prime-runs-status-{self.id}")
     if not _interrupt.wait_event(answered, max(_STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S):
-        logger.warning("run %s: the service did not confirm status %r within finish()'s timeout; "
-                       "it may not be recorded", self.id, status)  # fmt: skip
+        logger.warning(
+            "run %s: the service did not confirm status %r within finish()'s timeout; it may not be recorded",
+            self.id,
+            status,
+        )
     return bool(confirmed)

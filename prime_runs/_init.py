@@ -128,9 +128,15 @@ def init(
     configured = bool(settings.api_key) or settings.base_url != DEFAULT_BASE_URL
     chosen = resolve_mode(mode, online_configured=configured)
     common: dict[str, Any] = dict(
-        name=name, kind=kind, mode=chosen, config=dict(config or {}), tags=list(tags or []), on_error=on_error,
-        finish_timeout_s=finish_timeout_s, handle_signals=handle_signals,
-    )  # fmt: skip
+        name=name,
+        kind=kind,
+        mode=chosen,
+        config=dict(config or {}),
+        tags=list(tags or []),
+        on_error=on_error,
+        finish_timeout_s=finish_timeout_s,
+        handle_signals=handle_signals,
+    )
     if chosen == "disabled":
         console_on(console, mode=chosen, owner=False)  # a bad PRIME_RUNS_CONSOLE is an error in every mode
         return Run(run_id=id or "disabled", url=None, sinks=None, lifecycle=None, owner=False, **common)
@@ -140,19 +146,32 @@ def init(
         check_run_id(ranks.run_id, "id=" if id else "PRIME_RUN_ID")
     meter = SizeMeter()
     worker_options: dict[str, Any] = dict(
-        max_queued_records=max_queued_records, max_queued_bytes=max_queued_bytes, size_meter=meter,
-        write_cap_bytes=max_in_flight * DEFAULT_TARGET_BATCH_BYTES, spill_timeout_s=spill_timeout_s,
+        max_queued_records=max_queued_records,
+        max_queued_bytes=max_queued_bytes,
+        size_meter=meter,
+        write_cap_bytes=max_in_flight * DEFAULT_TARGET_BATCH_BYTES,
+        spill_timeout_s=spill_timeout_s,
         tick_interval_s=UPDATE_INTERVAL_S,
-    )  # fmt: skip
+    )
     root = os.path.abspath(runs_root(dir))  # a chdir after init() must not move where the run writes
     if chosen == "offline":
         run = _offline(root, ranks, meter, worker_options, common)
     else:
         run = _online(settings, root, ranks, meter, worker_options, common, max_in_flight, compression, save_local)
     run.console.directory = run.dir
-    run.console.say("%s", destination_line(name=run.name, run_id=run.id, mode=run.mode, owner=ranks.owner,
-                                           service_url=run._service_url, url=run.url, directory=run.dir,
-                                           save_local=save_local))  # fmt: skip
+    run.console.say(
+        "%s",
+        destination_line(
+            name=run.name,
+            run_id=run.id,
+            mode=run.mode,
+            owner=ranks.owner,
+            service_url=run._service_url,
+            url=run.url,
+            directory=run.dir,
+            save_local=save_local,
+        ),
+    )
     return run
 
 
@@ -163,27 +182,50 @@ def _open_directory(root: str, run_id: str) -> RunDirectory:
     return rundir
 
 
-def _offline(root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[str, Any],
-             common: dict[str, Any]) -> Run:  # fmt: skip
+def _offline(
+    root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[str, Any], common: dict[str, Any]
+) -> Run:
     run_id = ranks.run_id or new_run_id()
     rundir = _open_directory(root, run_id)
     stamp = RunStamp(run_id, common["kind"])
     files = RecordFiles(rundir.path)
     metrics = MetricsLane(send=None, writer=functools.partial(files.writer, METRICS))
-    run = Run(run_id=run_id, url=None, sinks=[DiskSink(files, stamp, meter)], worker_options=worker_options,
-              lifecycle=None, owner=ranks.owner, rundir=rundir, metrics=metrics, **common)  # fmt: skip
+    run = Run(
+        run_id=run_id,
+        url=None,
+        sinks=[DiskSink(files, stamp, meter)],
+        worker_options=worker_options,
+        lifecycle=None,
+        owner=ranks.owner,
+        rundir=rundir,
+        metrics=metrics,
+        **common,
+    )
     run._keep_locally()
     return run
 
 
-def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[str, Any],
-            common: dict[str, Any], max_in_flight: int, compression: str, save_local: bool) -> Run:  # fmt: skip
+def _online(
+    settings: Any,
+    root: str,
+    ranks: RankInfo,
+    meter: SizeMeter,
+    worker_options: dict[str, Any],
+    common: dict[str, Any],
+    max_in_flight: int,
+    compression: str,
+    save_local: bool,
+) -> Run:
     from prime_runs._traces_sink import TracesSink
 
     client = TracesClient(
-        settings.api_key, settings.base_url, settings.team_id,
-        max_in_flight=max_in_flight, compression=compression, abandon_after_s=_ABANDON_AFTER_S,
-    )  # fmt: skip
+        settings.api_key,
+        settings.base_url,
+        settings.team_id,
+        max_in_flight=max_in_flight,
+        compression=compression,
+        abandon_after_s=_ABANDON_AFTER_S,
+    )
     url = None
     run_id = ranks.run_id
     if ranks.owner:
@@ -214,12 +256,24 @@ def _online(settings: Any, root: str, ranks: RankInfo, meter: SizeMeter, worker_
     if save_local:
         sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
     # Its own client (sessions, connections), closed by the lane: metrics never wait behind the episodes' requests.
-    metrics_client = TracesClient(client.config.api_key, client.config.base_url, client.config.team_id,
-                                  max_in_flight=1)  # fmt: skip
-    metrics = MetricsLane(send=functools.partial(metrics_client.post_metrics, run_id),
-                          writer=functools.partial(files.writer, METRICS), on_closed=metrics_client.close)  # fmt: skip
-    run = Run(run_id=run_id, url=url, sinks=sinks, worker_options=worker_options, lifecycle=RunLifecycle(client),
-              owner=ranks.owner, rundir=rundir, service_url=settings.base_url, metrics=metrics, **common)  # fmt: skip
+    metrics_client = TracesClient(client.config.api_key, client.config.base_url, client.config.team_id, max_in_flight=1)
+    metrics = MetricsLane(
+        send=functools.partial(metrics_client.post_metrics, run_id),
+        writer=functools.partial(files.writer, METRICS),
+        on_closed=metrics_client.close,
+    )
+    run = Run(
+        run_id=run_id,
+        url=url,
+        sinks=sinks,
+        worker_options=worker_options,
+        lifecycle=RunLifecycle(client),
+        owner=ranks.owner,
+        rundir=rundir,
+        service_url=settings.base_url,
+        metrics=metrics,
+        **common,
+    )
     files.on_first_write = run._directory_needed
     if save_local:
         run._keep_locally()

@@ -60,8 +60,9 @@ def _told(value: str | None) -> bool | None:
     return None
 
 
-def rank_info(explicit_id: str | None, environ: Mapping[str, str] | None = None, *,
-              owner: bool | None = None) -> RankInfo:  # fmt: skip
+def rank_info(
+    explicit_id: str | None, environ: Mapping[str, str] | None = None, *, owner: bool | None = None
+) -> RankInfo:
     """Who owns the run, that is, creates it and records its terminal status.
 
     ``owner`` (else ``PRIME_RUN_OWNER=1``/``0``) decides when given. Otherwise
@@ -131,8 +132,9 @@ class RunLifecycle:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Merge ``config`` / ``summary``; with ``status``, finish the run."""
-        return self.client.update_run(run_id, config=config, summary=summary, status=status, error=error,
-                                      timeout_s=timeout_s)  # fmt: skip
+        return self.client.update_run(
+            run_id, config=config, summary=summary, status=status, error=error, timeout_s=timeout_s
+        )
 
 
 def describe(err: BaseException) -> str:

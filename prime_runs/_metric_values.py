@@ -37,7 +37,7 @@ def _scalar(value: Any) -> tuple[bool, Any]:
             if callable(numel) and numel() != 1:
                 return False, None
             value = item()
-        except Exception:
+        except Exception:  # noqa: BLE001  (item() is user code: whatever it raises, the value is not a number)
             return False, None
         return (True, value) if isinstance(value, _SCALARS) else (False, None)
     return False, None
@@ -54,11 +54,10 @@ def flatten(metrics: Mapping[Any, Any]) -> tuple[dict[str, Any], list[str]]:
     return row, refused
 
 
-def _flatten_into(row: dict[str, Any], refused: list[str], prefix: str, mapping: Mapping[Any, Any],
-                  depth: int) -> None:  # fmt: skip
+def _flatten_into(row: dict[str, Any], refused: list[str], prefix: str, mapping: Mapping[Any, Any], depth: int) -> None:
     try:
         items = list(mapping.items())
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001  (user code: a mapping that cannot list its items)
         refused.append(f"{prefix or 'the metrics'} ({type(err).__name__} while reading it)")
         return
     for key, value in items:

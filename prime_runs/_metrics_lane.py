@@ -32,8 +32,8 @@ import orjson
 
 from prime_runs._interrupt import wait_slice
 from prime_runs._segments import Frame, SegmentWriter
-from prime_traces.threads import call_in_forked_child, start_daemon
 from prime_traces.errors import APIError, RetryableAPIError
+from prime_traces.threads import call_in_forked_child, start_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +63,17 @@ class MetricsLane:
         lane.close(time.monotonic() + 10)
     """
 
-    def __init__(self, *, send: Send | None, writer: Callable[[], SegmentWriter] | None,
-                 flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S, batch_rows: int = DEFAULT_BATCH_ROWS,
-                 max_queued_rows: int = DEFAULT_MAX_QUEUED_ROWS, name: str = "prime-runs-metrics",
-                 on_closed: Callable[[], Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        send: Send | None,
+        writer: Callable[[], SegmentWriter] | None,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        max_queued_rows: int = DEFAULT_MAX_QUEUED_ROWS,
+        name: str = "prime-runs-metrics",
+        on_closed: Callable[[], Any] | None = None,
+    ) -> None:
         if send is None and writer is None:
             raise ValueError("a metrics lane needs send or writer")
         if batch_rows < 1 or max_queued_rows < 1:
@@ -168,11 +175,16 @@ class MetricsLane:
         try:
             self.send(batch, timeout)
             return "stored"
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (any failure keeps the rows for the next try)
             self.last_error = f"{type(err).__name__}: {err}"
             status = getattr(err, "status_code", None)
-            if isinstance(err, APIError) and not isinstance(err, RetryableAPIError) and status is not None \
-                    and 400 <= status < 500 and status not in _NOT_THE_ROWS:  # fmt: skip
+            if (
+                isinstance(err, APIError)
+                and not isinstance(err, RetryableAPIError)
+                and status is not None
+                and 400 <= status < 500
+                and status not in _NOT_THE_ROWS
+            ):
                 logger.warning("the service refused %d metrics rows (%s); they are not stored", len(batch), err)
                 return "failed"
             logger.debug("metrics upload failed (%s); will retry", self.last_error)
@@ -185,7 +197,7 @@ class MetricsLane:
         try:
             writer = self.writer()
             writer.append([Frame([orjson.dumps(row) for row in batch])])
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (a disk that fails loses these rows, never the lane)
             self.last_error = f"could not write {len(batch)} metrics rows to disk: {err}"
             logger.warning("%s", self.last_error)
             return "failed"

@@ -50,8 +50,15 @@ class Outage:
     (what it did not send stays for ``prime-runs sync``); it never waits.
     """
 
-    def __init__(self, client: TracesClient, spool: Spool, on_resynced: OnResynced | None = None, *,
-                 max_probe_interval_s: float = MAX_PROBE_INTERVAL_S, first_probe_s: float = FIRST_PROBE_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: TracesClient,
+        spool: Spool,
+        on_resynced: OnResynced | None = None,
+        *,
+        max_probe_interval_s: float = MAX_PROBE_INTERVAL_S,
+        first_probe_s: float = FIRST_PROBE_S,
+    ) -> None:
         self.client = client
         self.spool = spool
         #: Told ``(records, bytes)`` as the resync stores them (the worker counts them stored).
@@ -81,8 +88,13 @@ class Outage:
                 return
             self._down.set()
             self.outages += 1
-            logger.warning("the Traces service at %s is not answering (%s); records are kept in %s until it "
-                           "is back, then uploaded", self.client.config.base_url, why, self.spool.directory)  # fmt: skip
+            logger.warning(
+                "the Traces service at %s is not answering (%s); records are kept in %s until it "
+                "is back, then uploaded",
+                self.client.config.base_url,
+                why,
+                self.spool.directory,
+            )
             self._probe = start_daemon(self._watch, "prime-runs-probe")
 
     def _watch(self) -> None:
@@ -98,8 +110,11 @@ class Outage:
             if not self._down.is_set():
                 return
             self._down.clear()
-        logger.warning("the Traces service at %s answers again; uploading resumes, and what was kept in %s is "
-                       "uploaded behind it", self.client.config.base_url, self.spool.directory)  # fmt: skip
+        logger.warning(
+            "the Traces service at %s answers again; uploading resumes, and what was kept in %s is uploaded behind it",
+            self.client.config.base_url,
+            self.spool.directory,
+        )
         self.resync()
 
     def _answers(self) -> bool:
@@ -123,18 +138,25 @@ class Outage:
         assert client is not None
         names = {os.path.basename(path) for path in self.spool.files.own_files()}
         try:
-            report = sync_run(RunDirectory(self.spool.directory), client, only=names,
-                              on_progress=self.on_resynced)  # fmt: skip
+            report = sync_run(RunDirectory(self.spool.directory), client, only=names, on_progress=self.on_resynced)
         except (PrimeRunsError, PrimeTracesError, OSError, RuntimeError) as err:
             if not self._closed.is_set():
-                logger.warning("could not upload what was kept in %s (%s); `prime-runs sync %s` will",
-                               self.spool.directory, err, self.spool.directory)  # fmt: skip
+                logger.warning(
+                    "could not upload what was kept in %s (%s); `prime-runs sync %s` will",
+                    self.spool.directory,
+                    err,
+                    self.spool.directory,
+                )
             return
         finally:
             client.close()
         if report.errors and not self._closed.is_set():
-            logger.warning("uploading what was kept in %s stopped: %s; `prime-runs sync %s` sends the rest",
-                           self.spool.directory, report.errors[0], self.spool.directory)  # fmt: skip
+            logger.warning(
+                "uploading what was kept in %s stopped: %s; `prime-runs sync %s` sends the rest",
+                self.spool.directory,
+                report.errors[0],
+                self.spool.directory,
+            )
 
     def wait_for_resync(self, deadline: float | None) -> bool:
         """At finish: upload what was kept, until ``deadline`` (monotonic); False if some is left.

@@ -7,15 +7,20 @@ of the service alike.
 
 from __future__ import annotations
 
-from prime_traces.report import BatchOutcome, BatchStatus
 from prime_traces.errors import APIError, RetryableAPIError
+from prime_traces.report import BatchOutcome, BatchStatus
 
 # A 400 with one of these codes is about the request, not a record: no subset
 # of the records would be accepted, so bisecting would only multiply requests.
 REQUEST_CODES = frozenset(
-    {"invalid_metadata", "unsupported_schema_version", "invalid_idempotency_key",
-     "digest_mismatch", "malformed_encoding"}
-)  # fmt: skip
+    {
+        "invalid_metadata",
+        "unsupported_schema_version",
+        "invalid_idempotency_key",
+        "digest_mismatch",
+        "malformed_encoding",
+    }
+)
 # A refusal for the request's size names the line where the limit was crossed,
 # but that record is not at fault. Halving the batch cures it.
 SIZE_CODES = frozenset({"upload_too_large", "too_many_traces_in_upload"})

@@ -41,8 +41,9 @@ class Progress:
         progress.close()
     """
 
-    def __init__(self, label: str, *, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self, label: str, *, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.clock = clock
@@ -70,8 +71,10 @@ class Progress:
     def line(self) -> str:
         elapsed = max(1e-9, self.clock() - self._started)
         rate = self.size / elapsed
-        text = (f"{self.label}: {self.records}/{self.records_total} records, "
-                f"{human_bytes(self.size)}/{human_bytes(self.size_total)}, {human_bytes(rate)}/s")  # fmt: skip
+        text = (
+            f"{self.label}: {self.records}/{self.records_total} records, "
+            f"{human_bytes(self.size)}/{human_bytes(self.size_total)}, {human_bytes(rate)}/s"
+        )
         if 0 < self.size < self.size_total and rate > 0:
             text += f", {human_duration((self.size_total - self.size) / rate)} left"
         return text

@@ -102,7 +102,12 @@ _locks = _Locks()
 
 def write_json_atomic(path: str, document: Any) -> None:
     """Replace ``path`` with ``document`` as JSON: the old file or the new one survives a crash, never a mix."""
-    data = orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY, default=str) + b"\n"
+    data = (
+        orjson.dumps(
+            document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY, default=str
+        )
+        + b"\n"
+    )
     directory = os.path.dirname(path) or "."
     with _locks.write:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=_TMP_SUFFIX, dir=directory)
@@ -194,9 +199,10 @@ class RunDirectory:
             return
         self.create()
         self._owner_fd = self._lock_file(
-            _OWNER_LOCK, f"run directory {self.path} belongs to a run that is still running in another process; "
+            _OWNER_LOCK,
+            f"run directory {self.path} belongs to a run that is still running in another process; "
             "pass another id, or attach without owning the run (set RANK to a non-zero rank)",
-        )  # fmt: skip
+        )
 
     def release_owner_lock(self) -> None:
         fd, self._owner_fd = self._owner_fd, None
@@ -225,8 +231,9 @@ class RunDirectory:
         """Take the lock that lets one ``sync`` at a time upload this run (until :meth:`unlock_sync`)."""
         if fcntl is None or self._sync_fd is not None:
             return
-        self._sync_fd = self._lock_file(_SYNC_LOCK, f"another prime-runs sync is uploading {self.path}; "
-                                        "wait for it to finish")  # fmt: skip
+        self._sync_fd = self._lock_file(
+            _SYNC_LOCK, f"another prime-runs sync is uploading {self.path}; wait for it to finish"
+        )
 
     def _lock_file(self, name: str, held_elsewhere: str) -> int:
         """An exclusive lock on ``name`` in the directory, held until its descriptor closes."""
@@ -276,8 +283,13 @@ class RunDirectory:
                     logger.warning("cannot check %s for a torn tail: %s", path, err)
                     continue
                 if result.torn_bytes:
-                    logger.warning("%s: %s; cut %d bytes off after the last whole entry (%d lines kept)",
-                                   path, result.problem, result.torn_bytes, result.lines)  # fmt: skip
+                    logger.warning(
+                        "%s: %s; cut %d bytes off after the last whole entry (%d lines kept)",
+                        path,
+                        result.problem,
+                        result.torn_bytes,
+                        result.lines,
+                    )
                     torn.append(result)
         self._remove_stale_temporaries()
         return torn

@@ -27,7 +27,6 @@ except ImportError:  # Windows: no advisory locks; tails are never cut there (a 
     fcntl = None  # type: ignore[assignment]
 
 
-
 @dataclass
 class Entry:
     """One entry of a segment: where its zstd frame is, and what it holds."""
@@ -192,8 +191,9 @@ class CorruptSegment(Exception):
     """An entry in the middle of a segment does not decode (the disk changed it)."""
 
 
-def iter_entry_lines(path: str, entries: list[Entry], *,
-                     on_corrupt: Callable[[Entry, str], Any] | None = None) -> Iterator[tuple[Entry, list[bytes]]]:  # fmt: skip
+def iter_entry_lines(
+    path: str, entries: list[Entry], *, on_corrupt: Callable[[Entry, str], Any] | None = None
+) -> Iterator[tuple[Entry, list[bytes]]]:
     """Each entry with its lines (without their newlines), decoded one entry at a time.
 
     An entry that does not decode raises :class:`CorruptSegment`, or, with

@@ -22,23 +22,27 @@ from prime_runs._rundir import RUN_FILE, RunDirectory
 from prime_runs._segment_reader import iter_entry_lines, scan
 from prime_runs._sparkline import metric_line
 from prime_traces.cli_output import fail, print_json
-from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.client import TracesClient
+from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.errors import PrimeTracesError
 
 PROG = "prime-runs"
 
 
 def add_show_command(subparsers: Any) -> None:
-    p = subparsers.add_parser("show", help="show a run: status, config, summary and its metrics' sparklines",
-                              description="Show a run's status, config and summary, and one line per metric "
-                                          "with a sparkline of its history, last / min / max and the steps. "
-                                          "RUN is a run directory or a run id on the Traces service.")  # fmt: skip
+    p = subparsers.add_parser(
+        "show",
+        help="show a run: status, config, summary and its metrics' sparklines",
+        description="Show a run's status, config and summary, and one line per metric "
+        "with a sparkline of its history, last / min / max and the steps. "
+        "RUN is a run directory or a run id on the Traces service.",
+    )
     p.add_argument("run", metavar="RUN", help="a run directory, or a run id on the service")
     p.add_argument("--json", action="store_true", help="print the run and its metrics rows as one JSON document")
     p.add_argument("--api-key", default=None, help=f"API key (default: ${ENV_API_KEY}, then ~/.prime/config.json)")
-    p.add_argument("--base-url", default=None, help=f"Traces service URL (default: ${ENV_TRACES_URL}, then "
-                   "~/.prime/config.json)")  # fmt: skip
+    p.add_argument(
+        "--base-url", default=None, help=f"Traces service URL (default: ${ENV_TRACES_URL}, then ~/.prime/config.json)"
+    )
     p.add_argument("--team-id", default=None, help="team to act for")
     p.set_defaults(func=run_show)
 
@@ -53,8 +57,9 @@ def run_show(args: argparse.Namespace) -> int:
             api_key = config.api_key
             with TracesClient(config.api_key, config.base_url, config.team_id) as client:
                 summary = client.get_run(args.run)
-                run = {k: getattr(summary, k) for k in ("run_id", "name", "kind", "status", "config", "summary",
-                                                        "error")}  # fmt: skip
+                run = {
+                    k: getattr(summary, k) for k in ("run_id", "name", "kind", "status", "config", "summary", "error")
+                }
                 run["id"] = run.pop("run_id")
                 rows = [r.to_dict() for r in client.iter_metrics(args.run, limit=10_000)]
     except (PrimeTracesError, OSError, ValueError) as err:

@@ -78,9 +78,16 @@ _exit_finishing = False  # an exit hook is finishing a run on the main thread
 class ShutdownHooks:
     """The ``atexit`` hook of one run, and its place in the shared signal handling."""
 
-    def __init__(self, finish: Callable[[str], Any], *, handle_signals: bool, timeout_s: float = 60.0,
-                 notice: Callable[[], Any] | None = None, stop: Callable[[], Any] | None = None,
-                 spill_timeout_s: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        finish: Callable[[str], Any],
+        *,
+        handle_signals: bool,
+        timeout_s: float = 60.0,
+        notice: Callable[[], Any] | None = None,
+        stop: Callable[[], Any] | None = None,
+        spill_timeout_s: float = 0.0,
+    ) -> None:
         self._finish_ref = _weak(finish)
         # A SIGINT: the run says what it waits for (notice); a second one: it stops waiting (stop).
         self._notice_ref = _weak(notice)
@@ -107,7 +114,7 @@ class ShutdownHooks:
         if method is not None:
             try:
                 method()
-            except Exception:  # noqa: BLE001  (a signal must still end the process)
+            except Exception:  # a signal must still end the process
                 logger.warning("handling an interrupt failed", exc_info=True)
 
     def _notice(self) -> None:
@@ -151,7 +158,7 @@ class ShutdownHooks:
     def _finish_logged(self, status: str) -> None:
         try:
             self._finish(status)
-        except Exception:  # noqa: BLE001  (a signal must still end the process)
+        except Exception:  # a signal must still end the process
             logger.warning("finishing the run as %s on a signal failed", status, exc_info=True)
 
     def _finish_on_signal(self, status: str, deadline: float) -> None:
@@ -208,9 +215,11 @@ class _Episode:
             finishers = []
             for hooks in self.runs:
                 finisher = threading.Thread(
-                    target=hooks._finish_on_signal, args=(self.status, self.deadline),
-                    name="prime-runs-signal", daemon=True,
-                )  # fmt: skip
+                    target=hooks._finish_on_signal,
+                    args=(self.status, self.deadline),
+                    name="prime-runs-signal",
+                    daemon=True,
+                )
                 try:
                     finisher.start()
                 except RuntimeError:  # the interpreter is shutting down: its exit hooks finish the run
@@ -238,8 +247,12 @@ class _Episode:
             time.sleep(0.05)
         if self.chained or _exiting or signal.getsignal(self.signum) is not _on_signal:
             return
-        _warn_bounded("the main thread did not handle %s within %.0f s of finishing the runs (in a native "
-                      "call?): ending the process", signal.Signals(self.signum).name, _CHAIN_GRACE_S)  # fmt: skip
+        _warn_bounded(
+            "the main thread did not handle %s within %.0f s of finishing the runs (in a native "
+            "call?): ending the process",
+            signal.Signals(self.signum).name,
+            _CHAIN_GRACE_S,
+        )
         os._exit(128 + self.signum)
 
     def wait(self) -> None:
@@ -253,8 +266,13 @@ def _on_signal(signum: int, frame: Any) -> None:
     if _exiting:
         return  # the exit hook waits for the runs, then ends the process by the signal
     episode = _episode
-    if (episode is not None and not episode.chained and signum == episode.signum == signal.SIGINT
-            and not episode.done.is_set() and not _interrupt.stopping()):  # fmt: skip
+    if (
+        episode is not None
+        and not episode.chained
+        and signum == episode.signum == signal.SIGINT
+        and not episode.done.is_set()
+        and not _interrupt.stopping()
+    ):
         # A second Ctrl-C while the runs are being finished: stop waiting, keep the rest on disk, end.
         _interrupt.stop_waiting(episode.runs, _deliver_again)
         return

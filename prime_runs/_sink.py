@@ -165,8 +165,7 @@ class Ledger:
         if taken:
             self._accounting.count_failed(self.sink, 1, reason, detail)
 
-    def undelivered(self, indexes: Iterable[int], reason: str, *, batch: bool = False,
-                    key: str | None = None) -> None:  # fmt: skip
+    def undelivered(self, indexes: Iterable[int], reason: str, *, batch: bool = False, key: str | None = None) -> None:
         """Not stored, not for the records' fault: to be spooled (or failed with ``reason``)."""
         with self._lock:
             if self._closed:

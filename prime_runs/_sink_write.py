@@ -75,8 +75,8 @@ from prime_runs._outcomes import (
 )
 from prime_runs._sink import Ledger, SinkStatus
 from prime_traces.encoding import check_record
-from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 from prime_traces.errors import UploadError
+from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 
 if TYPE_CHECKING:
     from prime_runs._traces_sink import TracesSink
@@ -99,8 +99,9 @@ def _is_server_error(outcome: BatchOutcome) -> bool:
 class SinkWrite:
     """One call of ``write``: the groups of records still to upload, and the tallies."""
 
-    def __init__(self, sink: TracesSink, records: Sequence[Any], line_format: str, ledger: Ledger,
-                 cancel: threading.Event) -> None:  # fmt: skip
+    def __init__(
+        self, sink: TracesSink, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event
+    ) -> None:
         self.sink = sink
         self.records = records
         self.line_format = line_format
@@ -144,8 +145,9 @@ class SinkWrite:
         self.failures[reason] += 1
         self.sample = self.sample or detail
 
-    def _undeliver(self, indexes: list[int], reason: str, detail: str | None = None, *, batch: bool = False,
-                   key: str | None = None) -> None:  # fmt: skip
+    def _undeliver(
+        self, indexes: list[int], reason: str, detail: str | None = None, *, batch: bool = False, key: str | None = None
+    ) -> None:
         # Not the records' fault: the worker spools them for ``prime-runs sync``.
         if not indexes:
             return
@@ -170,8 +172,9 @@ class SinkWrite:
         self.first_pass = False
         # The contract's line rules, checked here: a record the service would refuse costs no request.
         check = functools.partial(check_record, line_format=self.line_format, now=time.time())
-        encoded = EncodedWrite(subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group,
-                               check=check)  # fmt: skip
+        encoded = EncodedWrite(
+            subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group, check=check
+        )
         announced: set[int] = set()
 
         def on_batch(batch: Any, _receipt: Any) -> None:
@@ -211,8 +214,7 @@ class SinkWrite:
         if self.probe is not None:
             self.probe *= 2
 
-    def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport,
-                announced: set[int]) -> None:  # fmt: skip
+    def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport, announced: set[int]) -> None:
         """Account for one failed upload call; queue what must be sent again."""
         positions = encoded.line_records  # produced line j -> position in group
         cancelled = self.cancel.is_set()
@@ -232,7 +234,9 @@ class SinkWrite:
                 continue
             if outcome.status is BatchStatus.UNSENT:
                 continue  # nothing sent: left open, spooled by the worker
-            kind = TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome, server_error_is_record=True)
+            kind = (
+                TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome, server_error_is_record=True)
+            )
             if kind != TRANSIENT and _is_server_error(outcome) and tuple(batch) not in self.server_errors:
                 # A 500 may come after the batch was stored: first the same bytes once more (a
                 # replay if it was), and only if that fails too is it isolated like a rejection.
@@ -243,8 +247,9 @@ class SinkWrite:
                 # Sent, fate unknown (the answer never came, or retries ran out or were cut
                 # short): kept as this very batch, so a later sync replays it if it was stored.
                 reason = DEADLINE if cancelled else TRANSIENT
-                self._undeliver([group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True,
-                                key=outcome.key)  # fmt: skip
+                self._undeliver(
+                    [group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True, key=outcome.key
+                )
                 transient = transient or not cancelled
             elif kind == SINK:
                 sink_refusal = sink_refusal or outcome
@@ -274,8 +279,9 @@ class SinkWrite:
             # Every later request would be refused alike: the rest of the write is kept for a sync.
             left = refused + resend + [p for s in splits for p in s]
             reason = refusal_reason(sink_refusal)
-            self._undeliver([group[p] for p in left] + [i for g in self.groups for i in g], reason,
-                            describe(sink_refusal))  # fmt: skip
+            self._undeliver(
+                [group[p] for p in left] + [i for g in self.groups for i in g], reason, describe(sink_refusal)
+            )
             self.groups.clear()
             self._strike(reason)
             if getattr(sink_refusal.error, "status_code", None) in PERMANENT_STATUSES:

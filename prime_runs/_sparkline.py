@@ -64,8 +64,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def metric_line(name: str, steps: Sequence[int | None], values: Sequence[Any], *, name_width: int = 16,
-                width: int = DEFAULT_WIDTH) -> str:  # fmt: skip
+def metric_line(
+    name: str, steps: Sequence[int | None], values: Sequence[Any], *, name_width: int = 16, width: int = DEFAULT_WIDTH
+) -> str:
     """``reward  ▁▂▄▆█  last 0.81  min 0.02  max 0.9  steps 0..999 (1,000)``."""
     numbers = [n for n in (_number(v) for v in values) if n is not None]
     finite = [n for n in numbers if math.isfinite(n)]

@@ -51,8 +51,13 @@ class RecordFiles:
     created (the run writes its ``run.json`` then).
     """
 
-    def __init__(self, directory: str, *, on_first_write: Callable[[str], Any] | None = None,
-                 max_segment_bytes: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: str,
+        *,
+        on_first_write: Callable[[str], Any] | None = None,
+        max_segment_bytes: int | None = None,
+    ) -> None:
         self.directory = directory
         self.on_first_write = on_first_write
         options = {"max_segment_bytes": max_segment_bytes} if max_segment_bytes else {}
@@ -71,7 +76,7 @@ class RecordFiles:
                     if self.on_first_write is not None:
                         try:
                             self.on_first_write(self.directory)
-                        except Exception:  # noqa: BLE001  (the records matter more than the index)
+                        except Exception:  # the records matter more than the index
                             logger.warning("could not prepare %s", self.directory, exc_info=True)
         return self._writers[kind]
 
@@ -111,8 +116,14 @@ class Spool:
     def __repr__(self) -> str:
         return f"Spool({self.directory!r})"
 
-    def spill(self, records: Sequence[Any], line_format: str, ledger: Ledger, groups: Sequence[Undelivered],
-              deadline: float | None) -> int:  # fmt: skip
+    def spill(
+        self,
+        records: Sequence[Any],
+        line_format: str,
+        ledger: Ledger,
+        groups: Sequence[Undelivered],
+        deadline: float | None,
+    ) -> int:
         """Write ``groups`` of ``records``; returns how many were spooled.
 
         What the deadline leaves unwritten stays unaccounted in ``ledger``.
@@ -153,8 +164,11 @@ class Spool:
             digest.update(b"\n")
         if not encoded.errors and (group.key is None or group.key == f"sha256:{digest.hexdigest()}"):
             return True
-        logger.warning("%d records of an upload whose answer never came changed after they were logged; if the "
-                       "service stored that upload, a sync stores them again", len(group.indexes))  # fmt: skip
+        logger.warning(
+            "%d records of an upload whose answer never came changed after they were logged; if the "
+            "service stored that upload, a sync stores them again",
+            len(group.indexes),
+        )
         return False
 
     def set_aside(self, records: Sequence[Any], line_format: str, ledger: Ledger) -> None:
@@ -205,8 +219,15 @@ def rejected_entry(record_json: bytes, record_id: str | None, line_format: str, 
     (``invalid_record``, ``record_too_large``); ``record_json`` must be one JSON
     value (it is embedded as it is).
     """
-    head = orjson.dumps({
-        "id": record_id, "line_format": line_format, "code": reason.rpartition(":")[2], "reason": reason,
-        "message": message, "rejected_at": time.time(), "pid": os.getpid(),
-    })  # fmt: skip
+    head = orjson.dumps(
+        {
+            "id": record_id,
+            "line_format": line_format,
+            "code": reason.rpartition(":")[2],
+            "reason": reason,
+            "message": message,
+            "rejected_at": time.time(),
+            "pid": os.getpid(),
+        }
+    )
     return head[:-1] + b',"record":' + record_json + b"}"

@@ -27,13 +27,24 @@ def _name(name: str | None, run_id: str) -> str:
     return f"{name!r} (id {run_id})" if name else run_id
 
 
-def destination_line(*, name: str | None, run_id: str, mode: str, owner: bool, service_url: str | None,
-                     url: str | None, directory: str | None, save_local: bool) -> str:  # fmt: skip
+def destination_line(
+    *,
+    name: str | None,
+    run_id: str,
+    mode: str,
+    owner: bool,
+    service_url: str | None,
+    url: str | None,
+    directory: str | None,
+    save_local: bool,
+) -> str:
     """The line ``init()`` shows: the run, and where its records go."""
     where = os.path.abspath(directory) if directory else None
     if mode == "offline":
-        return (f"run {_name(name, run_id)} is offline: it is written to {where}; "
-                f"upload it later with: prime-runs sync {where}")  # fmt: skip
+        return (
+            f"run {_name(name, run_id)} is offline: it is written to {where}; "
+            f"upload it later with: prime-runs sync {where}"
+        )
     verb = "logging run" if owner else "logging into run"
     text = f"{verb} {_name(name, run_id)} to {service_url}"
     if url:
@@ -59,8 +70,17 @@ def _reasons(counter: Counter[str]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in counter.most_common())
 
 
-def summary_lines(*, name: str | None, run_id: str, mode: str, status: str, stats: dict[str, Any],
-                  elapsed_s: float, directory: str | None, charts: Sequence[str] = ()) -> list[str]:  # fmt: skip
+def summary_lines(
+    *,
+    name: str | None,
+    run_id: str,
+    mode: str,
+    status: str,
+    stats: dict[str, Any],
+    elapsed_s: float,
+    directory: str | None,
+    charts: Sequence[str] = (),
+) -> list[str]:
     """What finish() says: the outcome, the metrics' sparklines, what was lost and why, and what to do."""
     sinks = _sinks(stats)
     submitted = int(stats.get("submitted", 0))
@@ -86,18 +106,25 @@ def summary_lines(*, name: str | None, run_id: str, mode: str, status: str, stat
     rows = stats.get("metrics") or {}
     not_sent = {k: rows.get(k, 0) for k in ("dropped", "failed", "spooled") if rows.get(k)}
     if not_sent and mode != "offline":
-        lines.append(f"  metrics: {rows.get('stored', 0)} of {rows.get('logged', 0)} rows stored; "
-                     + ", ".join(f"{n} {k}" for k, n in not_sent.items()))  # fmt: skip
+        lines.append(
+            f"  metrics: {rows.get('stored', 0)} of {rows.get('logged', 0)} rows stored; "
+            + ", ".join(f"{n} {k}" for k, n in not_sent.items())
+        )
     if failed:
         lines.append(f"  {sum(failed.values())} not stored: {_reasons(failed)}")
-        rejected = sum(n for r, n in failed.items() if r.startswith("rejected") or r in ("invalid_record",
-                                                                                           "record_too_large"))
+        rejected = sum(
+            n for r, n in failed.items() if r.startswith("rejected") or r in ("invalid_record", "record_too_large")
+        )
         if rejected and where:
-            lines.append(f"  the records refused for their own fault are kept with the reason in "
-                         f"{os.path.join(where, 'rejected-*.jsonl.zst')} (read them with zstdcat)")  # fmt: skip
+            lines.append(
+                f"  the records refused for their own fault are kept with the reason in "
+                f"{os.path.join(where, 'rejected-*.jsonl.zst')} (read them with zstdcat)"
+            )
     if sum(dropped.values()):
-        lines.append(f"  {sum(dropped.values())} dropped before upload: {_reasons(dropped)}; raise max_queued_records "
-                     "/ max_queued_bytes, or log less often")  # fmt: skip
+        lines.append(
+            f"  {sum(dropped.values())} dropped before upload: {_reasons(dropped)}; raise max_queued_records "
+            "/ max_queued_bytes, or log less often"
+        )
     if mode == "offline" and where:
         lines.append(f"  upload the run with: prime-runs sync {where}")
     elif (spooled or not_sent.get("spooled")) and where:
@@ -137,8 +164,14 @@ class FinishProgress:
     ``stop`` ends (waiting for it at most ``join_s``).
     """
 
-    def __init__(self, console: Console, stats: Callable[[], dict[str, Any]], mean_bytes: Callable[[], float],
-                 *, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        console: Console,
+        stats: Callable[[], dict[str, Any]],
+        mean_bytes: Callable[[], float],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.console = console
         self.stats = stats
         self.mean_bytes = mean_bytes

@@ -74,15 +74,23 @@ class FileProgress:
             return cls()
         horizon = raw.get("horizon")
         return cls(
-            int(raw.get("done", 0)), int(horizon) if isinstance(horizon, int) else None,
-            {int(n) for n in raw.get("excluded", [])}, {int(n) for n in raw.get("cuts", [])},
+            int(raw.get("done", 0)),
+            int(horizon) if isinstance(horizon, int) else None,
+            {int(n) for n in raw.get("excluded", [])},
+            {int(n) for n in raw.get("cuts", [])},
             [(int(a), int(b)) for a, b in raw.get("uploaded", [])],
             [(int(a), int(b)) for a, b in raw.get("unreadable", [])],
-        )  # fmt: skip
+        )
 
     def dump(self) -> dict[str, Any]:
-        return {"done": self.done, "horizon": self.horizon, "excluded": sorted(self.excluded),
-                "cuts": sorted(self.cuts), "uploaded": sorted(self.uploaded), "unreadable": sorted(self.unreadable)}  # fmt: skip
+        return {
+            "done": self.done,
+            "horizon": self.horizon,
+            "excluded": sorted(self.excluded),
+            "cuts": sorted(self.cuts),
+            "uploaded": sorted(self.uploaded),
+            "unreadable": sorted(self.unreadable),
+        }
 
     def skip_test(self) -> Callable[[int], bool]:
         """A test of whether a line is never to be sent (again), fixed at the time of the call."""
@@ -148,9 +156,18 @@ def pending(found: Scan, progress: FileProgress) -> tuple[int, int]:
 class FileSync:
     """Uploads one segment from where the last sync left it."""
 
-    def __init__(self, client: TracesClient, path: str, scan: Scan, progress: FileProgress, *,
-                 context: dict[str, str], save: Callable[[], None], rejected: SegmentWriter,
-                 on_progress: OnProgress | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: TracesClient,
+        path: str,
+        scan: Scan,
+        progress: FileProgress,
+        *,
+        context: dict[str, str],
+        save: Callable[[], None],
+        rejected: SegmentWriter,
+        on_progress: OnProgress | None = None,
+    ) -> None:
         name = SegmentName.parse(os.path.basename(path))
         assert name is not None
         self.client = client
@@ -180,8 +197,12 @@ class FileSync:
         """Upload up to the end of the file's whole entries; raises :class:`SyncStopped`."""
         if self.p.done > self.total:
             # A writer cut a failed write back off after a sync had read it; it never appends there again.
-            logger.warning("%s now ends at line %d, before the %d lines uploaded from it: a failed write was "
-                           "cut off it", self.path, self.total, self.p.done)  # fmt: skip
+            logger.warning(
+                "%s now ends at line %d, before the %d lines uploaded from it: a failed write was cut off it",
+                self.path,
+                self.total,
+                self.p.done,
+            )
             self.p.done = self.p.horizon = self.total
             self.save()
         while self.p.done < self.total:
@@ -255,8 +276,13 @@ class FileSync:
                 self.on_progress(batch.line_count, batch.size_bytes)
 
         try:
-            self.client.upload_lines(self._lines(start, end, numbers), line_format=self.line_format,
-                                     context=self.context, target_batch_bytes=target, on_batch=on_batch)  # fmt: skip
+            self.client.upload_lines(
+                self._lines(start, end, numbers),
+                line_format=self.line_format,
+                context=self.context,
+                target_batch_bytes=target,
+                on_batch=on_batch,
+            )
         except TraceTooLargeError as err:
             self._set_aside(numbers[err.line_index], "rejected:trace_too_large", str(err))
             return
@@ -294,14 +320,21 @@ class FileSync:
             record_json = line
         except (orjson.JSONDecodeError, AttributeError):
             record_id, record_json = None, orjson.dumps(line.decode("utf-8", "replace"))
-        entry = rejected_entry(record_json, record_id if isinstance(record_id, str) else None,
-                               self.line_format, reason, message)  # fmt: skip
+        entry = rejected_entry(
+            record_json, record_id if isinstance(record_id, str) else None, self.line_format, reason, message
+        )
         self.rejected_writer.append([Frame([entry])])
         self.p.excluded.add(number)
         self.outcome.rejected += 1
         self.save()
-        logger.warning("%s line %d (%s) refused: %s; kept in %s", self.path, number + 1, record_id, message,
-                       self.rejected_writer.path)  # fmt: skip
+        logger.warning(
+            "%s line %d (%s) refused: %s; kept in %s",
+            self.path,
+            number + 1,
+            record_id,
+            message,
+            self.rejected_writer.path,
+        )
 
     def _line_at(self, number: int) -> bytes:
         [i] = self._entries_between(number, number + 1)

@@ -38,26 +38,42 @@ EXIT_UNREADABLE = 1  # ls: the runs could not be read
 
 def add_sync_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "sync", help="upload local runs to the Traces service",
+        "sync",
+        help="upload local runs to the Traces service",
         description="Upload runs kept on local disk (offline runs, and what an online run could not "
         "deliver) to the Traces service, exactly once: an interrupted or repeated sync uploads "
         "only what is missing. Exit status: 0 all uploaded; 3 all uploaded but records the service "
         "refused (kept in rejected-*.jsonl.zst); 1 something left to upload (run it again).",
-    )  # fmt: skip
-    p.add_argument("paths", nargs="*", metavar="PATH",
-                   help="a run directory, or a directory of them (default: $PRIME_RUNS_DIR, else ./prime-runs)")
+    )
+    p.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="a run directory, or a directory of them (default: $PRIME_RUNS_DIR, else ./prime-runs)",
+    )
     p.add_argument("--api-key", default=None, help=f"API key (default: ${ENV_API_KEY}, then ~/.prime/config.json)")
-    p.add_argument("--base-url", default=None,
-                   help=f"Traces service URL (default: the run's own, then ${ENV_TRACES_URL}, then ~/.prime/config.json)")
+    p.add_argument(
+        "--base-url",
+        default=None,
+        help=f"Traces service URL (default: the run's own, then ${ENV_TRACES_URL}, then ~/.prime/config.json)",
+    )
     p.add_argument("--team-id", default=None, help="team to act for")
     p.set_defaults(func=run_sync)
-    p = subparsers.add_parser("ls", help="list local runs and what is left to upload",
-                              description="List the runs in DIR: name, id, status, records and bytes "
-                                          "left to upload, and when they were last synced.")  # fmt: skip
-    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
-                   help="directory of runs (default: $PRIME_RUNS_DIR, else ./prime-runs)")
+    p = subparsers.add_parser(
+        "ls",
+        help="list local runs and what is left to upload",
+        description="List the runs in DIR: name, id, status, records and bytes "
+        "left to upload, and when they were last synced.",
+    )
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default=None,
+        metavar="DIR",
+        help="directory of runs (default: $PRIME_RUNS_DIR, else ./prime-runs)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(func=run_ls)  # fmt: skip
+    p.set_defaults(func=run_ls)
 
 
 def _fail(message: str) -> None:
@@ -65,9 +81,7 @@ def _fail(message: str) -> None:
 
 
 def is_run_directory(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, RUN_FILE)) or bool(
-        segment_files(path, (*DATA_KINDS, REJECTED, METRICS))
-    )
+    return os.path.isfile(os.path.join(path, RUN_FILE)) or bool(segment_files(path, (*DATA_KINDS, REJECTED, METRICS)))
 
 
 def find_runs(paths: list[str]) -> tuple[list[str], list[str]]:
@@ -130,8 +144,11 @@ def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str]
         _fail(f"{path}: {err}")
         return None
     for torn in report.torn:
-        print(f"{report.run_id}: {torn.path} ended in a torn entry ({torn.problem}); cut off {torn.torn_bytes} "
-              f"bytes, kept the {torn.lines} whole lines before it", file=sys.stderr)  # fmt: skip
+        print(
+            f"{report.run_id}: {torn.path} ended in a torn entry ({torn.problem}); cut off {torn.torn_bytes} "
+            f"bytes, kept the {torn.lines} whole lines before it",
+            file=sys.stderr,
+        )
     for error in report.errors:
         _fail(f"{report.run_id}: {error}")
     print(_summary(report, config.base_url))
@@ -156,9 +173,11 @@ def _summary(report: SyncReport, url: str) -> str:
     if report.unreadable:
         text += f"; {records(report.unreadable)} in damaged entries cannot be read (the log says where)"
     if report.rejected_total:
-        text += (f"; {records(report.rejected_total)} refused"
-                 f"{f' ({report.rejected_now} just now)' if report.rejected_now else ''}, "
-                 f"kept in {os.path.join(report.path, 'rejected-*.jsonl.zst')}")  # fmt: skip
+        text += (
+            f"; {records(report.rejected_total)} refused"
+            f"{f' ({report.rejected_now} just now)' if report.rejected_now else ''}, "
+            f"kept in {os.path.join(report.path, 'rejected-*.jsonl.zst')}"
+        )
     return text
 
 
@@ -177,8 +196,15 @@ def describe_run(path: str) -> dict[str, Any]:
         document = rundir.read_run() or {}
         state = rundir.read_sync()
     except PrimeRunsError as err:
-        return {"path": path, "id": rundir.run_id, "name": None, "status": f"unreadable: {err}",
-                "records_left": None, "bytes_left": None, "last_sync": None}  # fmt: skip
+        return {
+            "path": path,
+            "id": rundir.run_id,
+            "name": None,
+            "status": f"unreadable: {err}",
+            "records_left": None,
+            "bytes_left": None,
+            "last_sync": None,
+        }
     service = document.get("service_url") or state.get("last_service")
     mine = state.get("services", {}).get(service, {}) if service else {}
     files = mine.get("files", {})
@@ -188,10 +214,14 @@ def describe_run(path: str) -> dict[str, Any]:
         records, size = records + left[0], size + left[1]
     last = mine.get("last_sync", {}).get("at")
     return {
-        "path": path, "id": document.get("id") or rundir.run_id, "name": document.get("name"),
-        "status": local_status(rundir, document) if document else "unknown", "records_left": records,
-        "bytes_left": size, "last_sync": last,
-    }  # fmt: skip
+        "path": path,
+        "id": document.get("id") or rundir.run_id,
+        "name": document.get("name"),
+        "status": local_status(rundir, document) if document else "unknown",
+        "records_left": records,
+        "bytes_left": size,
+        "last_sync": last,
+    }
 
 
 def run_ls(args: argparse.Namespace) -> int:
@@ -214,11 +244,16 @@ def run_ls(args: argparse.Namespace) -> int:
     table = [("NAME", "ID", "STATUS", "RECORDS LEFT", "BYTES LEFT", "LAST SYNC")]
     for row in rows:
         when = row["last_sync"]
-        table.append((
-            row["name"] or "-", row["id"], row["status"], str(row["records_left"]),
-            human_bytes(row["bytes_left"] or 0),
-            datetime.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") if when else "never",
-        ))  # fmt: skip
+        table.append(
+            (
+                row["name"] or "-",
+                row["id"],
+                row["status"],
+                str(row["records_left"]),
+                human_bytes(row["bytes_left"] or 0),
+                datetime.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") if when else "never",
+            )
+        )
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -66,8 +66,14 @@ class SyncReport:
         return self.uploaded_all and self.unreadable == 0
 
 
-def sync_run(rundir: RunDirectory, client: TracesClient, *, on_start: Any = None,
-             on_progress: OnProgress | None = None, only: Collection[str] | None = None) -> SyncReport:  # fmt: skip
+def sync_run(
+    rundir: RunDirectory,
+    client: TracesClient,
+    *,
+    on_start: Any = None,
+    on_progress: OnProgress | None = None,
+    only: Collection[str] | None = None,
+) -> SyncReport:
     """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent.
 
     ``only``: upload just the record files of these names, and leave the run's
@@ -127,8 +133,18 @@ class _RunSync:
                 continue
             name = os.path.basename(path)
             progress = self.progress.setdefault(name, FileProgress())
-            files.append(FileSync(self.client, path, scan(path), progress, context=context, save=self.save,
-                                  rejected=rejected, on_progress=on_progress))  # fmt: skip
+            files.append(
+                FileSync(
+                    self.client,
+                    path,
+                    scan(path),
+                    progress,
+                    context=context,
+                    save=self.save,
+                    rejected=rejected,
+                    on_progress=on_progress,
+                )
+            )
         records, size = (sum(x) for x in zip(*(f.left() for f in files))) if files else (0, 0)
         if on_start is not None:
             on_start(records, size)
@@ -158,8 +174,12 @@ class _RunSync:
         if self.document is not None and only is None and self.report.uploaded_all:
             self._finish_run()
         self.report.rejected_total = sum(scan(p, verify_last=False).lines for p in self.rundir.rejected_segments())
-        self.mine["last_sync"] = {"at": time.time(), "complete": self.report.complete,
-                                  "uploaded": self.report.uploaded, "left": self.report.left}  # fmt: skip
+        self.mine["last_sync"] = {
+            "at": time.time(),
+            "complete": self.report.complete,
+            "uploaded": self.report.uploaded,
+            "left": self.report.left,
+        }
         self.save()
         return self.report
 
@@ -175,15 +195,16 @@ class _RunSync:
             for _entry, lines in iter_entry_lines(path, found.entries, on_corrupt=lambda *_: None):
                 rows.extend(orjson.loads(line) for line in lines)
             for start in range(0, len(rows), MAX_METRIC_ROWS_PER_REQUEST):
-                self.client.post_metrics(self.run_id, rows[start:start + MAX_METRIC_ROWS_PER_REQUEST])
+                self.client.post_metrics(self.run_id, rows[start : start + MAX_METRIC_ROWS_PER_REQUEST])
             self.report.metric_rows += len(rows)
             sent[name] = found.lines
             self.save()
 
     def _create_run(self, kind: str) -> None:
         doc = self.document or {}
-        self.client.create_run(doc.get("name"), kind=kind, config=doc.get("config") or {}, tags=doc.get("tags") or [],
-                               run_id=self.run_id)  # fmt: skip
+        self.client.create_run(
+            doc.get("name"), kind=kind, config=doc.get("config") or {}, tags=doc.get("tags") or [], run_id=self.run_id
+        )
         self.mine["run_created"] = True
         self.save()
 
@@ -196,8 +217,12 @@ class _RunSync:
                 status, error = None, None  # still running: its own finish() records the status
             else:
                 status, error = "crashed", DIED_UNFINISHED
-        update = {"config": doc.get("config") or {}, "summary": doc.get("summary") or {}, "status": status,
-                  "error": error}  # fmt: skip
+        update = {
+            "config": doc.get("config") or {},
+            "summary": doc.get("summary") or {},
+            "status": status,
+            "error": error,
+        }
         digest = hashlib.sha256(orjson.dumps(update, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
         self.report.status = status
         if self.mine.get("lifecycle_sent") == digest:

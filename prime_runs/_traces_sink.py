@@ -24,12 +24,11 @@ from typing import Any
 
 from prime_runs._encoding import RunStamp
 from prime_runs._outage import Outage
-from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._sink_write import SinkWrite
+from prime_runs._size_meter import SizeMeter
 from prime_runs._spool import Spool
-from prime_traces import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
-from prime_traces.client import DEFAULT_UPLOAD_ATTEMPTS
+from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, DEFAULT_UPLOAD_ATTEMPTS, MAX_BATCH_BYTES, TracesClient
 
 logger = logging.getLogger(__name__)
 
@@ -75,14 +74,10 @@ class TracesSink:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
         if not 0 < target_batch_bytes <= MAX_BATCH_BYTES:
-            raise ValueError(
-                f"target_batch_bytes must be within 1..{MAX_BATCH_BYTES}, not {target_batch_bytes}"
-            )
+            raise ValueError(f"target_batch_bytes must be within 1..{MAX_BATCH_BYTES}, not {target_batch_bytes}")
         if max_transient_failures < 1:
             raise ValueError(f"max_transient_failures must be at least 1, not {max_transient_failures}")
-        if context is not None and not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in context.items()
-        ):
+        if context is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in context.items()):
             raise ValueError("context must map strings to strings")
         self.client = client
         self.stamp = stamp
@@ -104,9 +99,7 @@ class TracesSink:
     def __repr__(self) -> str:
         return f"TracesSink(client={self.client!r}, stamp={self.stamp!r})"
 
-    def write(
-        self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event
-    ) -> SinkStatus:
+    def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
         """Upload ``records``, reporting each into ``ledger``; ``TRANSIENT`` is a strike."""
         return SinkWrite(self, records, line_format, ledger, cancel).run()
 
@@ -125,9 +118,7 @@ class TracesSink:
         if self.spool is not None:
             self.spool.close()
 
-    def _warn_failures(
-        self, records: int, failures: collections.Counter[str], sample: str | None
-    ) -> None:
+    def _warn_failures(self, records: int, failures: collections.Counter[str], sample: str | None) -> None:
         # One warning per write would flood a long run that logs a bad record every step.
         now = time.monotonic()
         if self._warned_at is not None and now - self._warned_at < WARNING_INTERVAL_S:
@@ -145,7 +136,12 @@ class TracesSink:
                 self._suppressed = 0
         reasons = ", ".join(f"{r}: {n}" for r, n in failures.items())
         first = f"; first: {sample}" if sample else ""
-        logger.log(level, "traces sink: %d of %d records not delivered (%s)%s%s",
-                   sum(failures.values()), records, reasons, first, suppressed)  # fmt: skip
-
-
+        logger.log(
+            level,
+            "traces sink: %d of %d records not delivered (%s)%s%s",
+            sum(failures.values()),
+            records,
+            reasons,
+            first,
+            suppressed,
+        )

@@ -39,7 +39,8 @@ class UploadWorker:
     bytes. The worker takes up to ``write_cap_bytes`` at a time and hands it
     to the sinks through :class:`~prime_runs._delivery.Delivery` (retirement,
     spooling, setting aside). ``on_error`` hears of records that failed,
-    ``on_loss`` of every record lost (see ``Accounting``), and ``tick`` runs every ``tick_interval_s`` on the worker thread.
+    ``on_loss`` of every record lost (see ``Accounting``), and ``tick`` runs
+    every ``tick_interval_s`` on the worker thread.
     ``flush`` and ``close`` wait up to their timeout; ``close`` then cancels
     the sinks, spools everything left within ``spill_timeout_s`` more, and
     accounts for the rest, so ``submitted = stored + dropped + failed +
@@ -131,9 +132,11 @@ class UploadWorker:
             return f"{what} came after finish(): its records are not logged"
         queue = self._queue
         held = queue.queued_records + queue.taken_records
-        return (f"{what} dropped: the upload queue is full ({queue.queued_records} records queued, {held} held, "
-                f"~{held * self.meter.estimate_bytes / 1e6:.0f} MB; max_queued_records={queue.max_records}, "
-                f"max_queued_bytes={queue.max_bytes}); the service is slower than the run logs")  # fmt: skip
+        return (
+            f"{what} dropped: the upload queue is full ({queue.queued_records} records queued, {held} held, "
+            f"~{held * self.meter.estimate_bytes / 1e6:.0f} MB; max_queued_records={queue.max_records}, "
+            f"max_queued_bytes={queue.max_bytes}); the service is slower than the run logs"
+        )
 
     def start(self) -> None:
         """Start the worker thread now (it otherwise starts with the first write)."""
@@ -200,7 +203,7 @@ class UploadWorker:
         for sink in self.sinks:
             try:
                 sink.close()
-            except Exception:  # noqa: BLE001  (closing must never raise into finish())
+            except Exception:  # closing must never raise into finish()
                 logger.warning("closing sink %s failed", sink.name, exc_info=True)
         return flushed
 
@@ -220,7 +223,7 @@ class UploadWorker:
                         self.delivery.keep(sink, group.records, group.line_format, ledger, DEADLINE)
                     with self._lock:
                         self._inflight.pop(group.key, None)
-            except Exception:  # noqa: BLE001  (what is not kept is accounted for by close())
+            except Exception:  # what is not kept is accounted for by close()
                 logger.warning("keeping the writes left at close failed", exc_info=True)
 
         return run_in_daemon(keep, f"{self.name}-keep")
@@ -292,7 +295,7 @@ class UploadWorker:
                 if writes:
                     for group in self._group(writes):
                         self._process(group)
-            except Exception as err:  # noqa: BLE001  (the thread must outlive any one write)
+            except Exception as err:  # the thread must outlive any one write
                 logger.exception("upload worker failed on a write; its records are counted as failed")
                 self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
             self._queue.done(writes)
@@ -317,7 +320,7 @@ class UploadWorker:
         try:
             assert self._tick is not None
             self._tick()
-        except Exception:  # noqa: BLE001  (a periodic hook must not kill the worker)
+        except Exception:  # a periodic hook must not kill the worker
             logger.warning("periodic run update failed", exc_info=True)
 
     def _process(self, group: Group) -> None:
@@ -336,5 +339,7 @@ class UploadWorker:
             logger.warning(
                 "dropped %d records in %d writes because the upload queue was full: %s; "
                 "raise max_queued_records / max_queued_bytes or log less often",
-                burst.records, burst.writes, reasons,
-            )  # fmt: skip
+                burst.records,
+                burst.writes,
+                reasons,
+            )

@@ -132,7 +132,7 @@ class _Tables:
         self.phrase_len = sum(map(len, self.phrases)) / _TABLE_SIZE
         # A sampled token is mostly near-certain: a float32 logprob of 0 or a few ulps below.
         raw = [
-            -rng.randint(0, 12) * 2.0**-24 if rng.random() < 0.72 else -rng.expovariate(1.2) ** 2
+            -rng.randint(0, 12) * 2.0**-24 if rng.random() < 0.72 else -(rng.expovariate(1.2) ** 2)
             for _ in range(_TABLE_SIZE)
         ]
         self.logprobs = array.array("f", raw).tolist()

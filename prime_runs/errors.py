@@ -24,4 +24,3 @@ class SinkError(PrimeRunsError):
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.failures.items()))
         text = f"{total} records not stored by the {sink} sink: {counts}"
         super().__init__(f"{text}; first: {detail}" if detail else text)
-

@@ -99,8 +99,13 @@ class Run:
         # The run's own callbacks go in at construction: the worker never runs without them.
         worker = None
         if sinks is not None:
-            worker = UploadWorker(sinks, on_error=self._note_error, on_loss=self.console.heard, tick=self._tick,
-                                  **dict(worker_options or {}))  # fmt: skip
+            worker = UploadWorker(
+                sinks,
+                on_error=self._note_error,
+                on_loss=self.console.heard,
+                tick=self._tick,
+                **dict(worker_options or {}),
+            )
         self._worker = worker
         self._lifecycle = lifecycle
         self._owner = owner
@@ -118,17 +123,23 @@ class Run:
         self._stop_requested = False
         self._status_answered: threading.Event | None = None
         self._hooks = ShutdownHooks(
-            self._finish_from_hook, handle_signals=handle_signals, timeout_s=finish_timeout_s,
-            notice=self._interrupted, stop=self._stop_waiting,
+            self._finish_from_hook,
+            handle_signals=handle_signals,
+            timeout_s=finish_timeout_s,
+            notice=self._interrupted,
+            stop=self._stop_waiting,
             spill_timeout_s=worker.spill_timeout_s if worker is not None else 0.0,
-        )  # fmt: skip
+        )
         if mode != "disabled":
             self._hooks.install()
             others = [run for run in list(live_runs) if not run._finishing]
             if others:
-                self.console.warn_once("second-init", "init() was called while run %s is still live in this "
-                                       "process: both log side by side; finish() the first one when it is done",
-                                       others[0].id)  # fmt: skip
+                self.console.warn_once(
+                    "second-init",
+                    "init() was called while run %s is still live in this "
+                    "process: both log side by side; finish() the first one when it is done",
+                    others[0].id,
+                )
             live_runs.add(self)
         call_in_forked_child(self._after_fork_in_child)
 
@@ -150,8 +161,12 @@ class Run:
             return True
         if self._finishing:
             method = "log_episodes" if line_format == "episode" else "log_traces"
-            self.console.warn_once("late-records", "%s() was called after finish() of run %s: its records are not "
-                                   "logged (counted as dropped: closed)", method, self.id)  # fmt: skip
+            self.console.warn_once(
+                "late-records",
+                "%s() was called after finish() of run %s: its records are not logged (counted as dropped: closed)",
+                method,
+                self.id,
+            )
         # After finish() the worker refuses (and counts) the records: never raise into training.
         return self._worker.submit(records, line_format=line_format)
 
@@ -167,15 +182,19 @@ class Run:
         service on a lane of their own, at most every second.
         """
         if self._finishing:
-            self.console.warn_once("late-log", "run.log() was called after finish() of run %s: the values are "
-                                   "kept in run.summary but not sent", self.id)  # fmt: skip
+            self.console.warn_once(
+                "late-log",
+                "run.log() was called after finish() of run %s: the values are kept in run.summary but not sent",
+                self.id,
+            )
         values, refused = flatten(metrics) if isinstance(metrics, Mapping) else ({}, ["the metrics (not a mapping)"])
         for what in refused:
             logger.warning("run.log(): %s is not logged; the rest of the row is", what)
             self.console.warn_once(f"metric:{what}", "run.log(): %s is not logged; the rest of the row is", what)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            self.console.warn_once("metric-step", "run.log(): step=%r is not an integer; the run's next step is "
-                                   "used", step)  # fmt: skip
+            self.console.warn_once(
+                "metric-step", "run.log(): step=%r is not an integer; the run's next step is used", step
+            )
             step, given = None, False
         else:
             given = step is not None
@@ -245,8 +264,10 @@ class Run:
         if self._lifecycle is not None and self._worker is not None and not self._patch_lock.locked():
             # Never on the worker thread: a slow answer must not hold uploads back. Bounded as a
             # whole by the interval; one still waiting makes the next ticks skip (send_updates).
-            run_in_daemon(functools.partial(self.send_updates, timeout_s=self._worker.tick_interval_s),
-                          f"prime-runs-update-{self.id}")  # fmt: skip
+            run_in_daemon(
+                functools.partial(self.send_updates, timeout_s=self._worker.tick_interval_s),
+                f"prime-runs-update-{self.id}",
+            )
         if self._run_file is not None:
             self._run_file.save_if_dirty()
 
@@ -268,11 +289,20 @@ class Run:
         finally:
             self._lock.release()
         return {
-            "id": self.id, "name": self.name, "kind": self.kind, "mode": self.mode, "tags": self.tags,
-            "config": config, "summary": summary, "status": self.status, "error": self.error,
-            "service_url": self._service_url, "url": self.url, "finished_at": self._finished_at,
+            "id": self.id,
+            "name": self.name,
+            "kind": self.kind,
+            "mode": self.mode,
+            "tags": self.tags,
+            "config": config,
+            "summary": summary,
+            "status": self.status,
+            "error": self.error,
+            "service_url": self._service_url,
+            "url": self.url,
+            "finished_at": self._finished_at,
             "counters": self.stats(),
-        }  # fmt: skip
+        }
 
     def _snapshot(self, *, everything: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """Copies of the config and summary to send (only what changed, unless ``everything``)."""

@@ -13,7 +13,6 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Union
 
 from prime_traces.errors import TraceTooLargeError
 
@@ -24,7 +23,6 @@ MAX_BATCH_LINES = 1_000_000
 
 _LF = b"\n"
 _READ_BUFFER_BYTES = 1024**2
-
 
 
 class LineParts(tuple):
@@ -42,7 +40,7 @@ class LineParts(tuple):
         return sum(map(len, self))
 
 
-LineLike = Union[bytes, bytearray, memoryview, str, LineParts]
+LineLike = bytes | bytearray | memoryview | str | LineParts
 
 
 def line_size(line: bytes | LineParts) -> int:
@@ -179,9 +177,7 @@ class Batcher:
         if isinstance(max_batch_lines, bool) or not isinstance(max_batch_lines, int):
             raise TypeError("max_batch_lines must be an int")
         if not 0 < max_batch_lines <= MAX_BATCH_LINES:
-            raise ValueError(
-                f"max_batch_lines must be between 1 and {MAX_BATCH_LINES}, got {max_batch_lines}"
-            )
+            raise ValueError(f"max_batch_lines must be between 1 and {MAX_BATCH_LINES}, got {max_batch_lines}")
         self.target_batch_bytes = target_batch_bytes
         self.max_batch_lines = max_batch_lines
         self._next_index = 0
@@ -235,8 +231,7 @@ class Batcher:
 
     def _close_before(self, line_size: int) -> Batch | None:
         if self._line_indexes and (
-            self._size + line_size > self.target_batch_bytes
-            or len(self._line_indexes) >= self.max_batch_lines
+            self._size + line_size > self.target_batch_bytes or len(self._line_indexes) >= self.max_batch_lines
         ):
             return self._take()
         return None
@@ -261,9 +256,7 @@ def _as_bytes(line: LineLike, input_index: int) -> bytes | LineParts:
         return line.encode("utf-8")
     if isinstance(line, (bytearray, memoryview)):
         return bytes(line)
-    raise TypeError(
-        f"line {input_index + 1} is a {type(line).__name__}; expected bytes or str"
-    )
+    raise TypeError(f"line {input_index + 1} is a {type(line).__name__}; expected bytes or str")
 
 
 def iter_batches(

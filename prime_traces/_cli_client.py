@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from prime_traces._batching import iter_file_lines
+from prime_traces._read_api import ReadAPI
 from prime_traces.cli_output import (
     cell,
     fail,
@@ -39,14 +40,13 @@ from prime_traces.cli_output import (
     table,
     when,
 )
+from prime_traces.client import MAX_IN_FLIGHT_LIMIT, TracesClient
 from prime_traces.config import (
     ENV_API_KEY,
     ENV_TEAM_ID,
     ENV_TRACES_URL,
     resolve_config,
 )
-from prime_traces._read_api import ReadAPI
-from prime_traces.client import MAX_IN_FLIGHT_LIMIT, TracesClient
 from prime_traces.errors import PrimeTracesError, UploadError
 
 PROG = "prime-traces"
@@ -94,66 +94,113 @@ def _context_pair(text: str) -> tuple[str, str]:
 def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("connection")
-    group.add_argument("--api-key", default=None,
-                       help=f"API key (default: ${ENV_API_KEY}, then api_key in ~/.prime/config.json)")
-    group.add_argument("--base-url", default=None,
-                       help=f"Traces service URL (default: ${ENV_TRACES_URL}, then traces_url in "
-                            "~/.prime/config.json, then https://api.primeintellect.ai)")
-    group.add_argument("--team-id", default=None,
-                       help=f"team to act for (default: ${ENV_TEAM_ID}, then team_id in ~/.prime/config.json)")
-    return common  # fmt: skip
+    group.add_argument(
+        "--api-key", default=None, help=f"API key (default: ${ENV_API_KEY}, then api_key in ~/.prime/config.json)"
+    )
+    group.add_argument(
+        "--base-url",
+        default=None,
+        help=f"Traces service URL (default: ${ENV_TRACES_URL}, then traces_url in "
+        "~/.prime/config.json, then https://api.primeintellect.ai)",
+    )
+    group.add_argument(
+        "--team-id",
+        default=None,
+        help=f"team to act for (default: ${ENV_TEAM_ID}, then team_id in ~/.prime/config.json)",
+    )
+    return common
 
 
 def add_client_commands(subparsers: Any) -> None:
     """Add ``upload``, ``list``, ``get``, ``download``, ``delete`` and ``delete-run``."""
     common = [_common_options()]
-    p = subparsers.add_parser("upload", parents=common, help="upload a JSONL file",
-                              description="Upload a JSONL file of traces (or, with --episode, of "
-                                          "episode envelopes). Re-running it replays: nothing is "
-                                          "stored twice.")  # fmt: skip
+    p = subparsers.add_parser(
+        "upload",
+        parents=common,
+        help="upload a JSONL file",
+        description="Upload a JSONL file of traces (or, with --episode, of "
+        "episode envelopes). Re-running it replays: nothing is "
+        "stored twice.",
+    )
     p.add_argument("path", metavar="FILE")
     p.add_argument("--episode", action="store_true", help="each line is an episode envelope")
-    p.add_argument("--context", dest="context", action="append", type=_context_pair, default=None,
-                   metavar="KEY=VALUE", help="repeatable: stored with every trace")  # fmt: skip
-    p.add_argument("--max-in-flight", type=int_in(1, MAX_IN_FLIGHT_LIMIT), default=None,
-                   help="requests in flight (1..8, default 8)")  # fmt: skip
+    p.add_argument(
+        "--context",
+        dest="context",
+        action="append",
+        type=_context_pair,
+        default=None,
+        metavar="KEY=VALUE",
+        help="repeatable: stored with every trace",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=int_in(1, MAX_IN_FLIGHT_LIMIT),
+        default=None,
+        help="requests in flight (1..8, default 8)",
+    )
     p.add_argument("--json", action="store_true", help="print the receipts as one JSON document")
     p.set_defaults(func=_command(_upload))
-    p = subparsers.add_parser("list", parents=common, help="list traces, newest first",
-                              description="List one page of traces, newest first.")  # fmt: skip
+    p = subparsers.add_parser(
+        "list", parents=common, help="list traces, newest first", description="List one page of traces, newest first."
+    )
     for option, dest, kwargs in _LIST_FILTERS:
         p.add_argument(option, dest=dest, default=None, **kwargs)
-    p.add_argument("--context", dest="context", action="append", type=_context_pair, default=None,
-                   metavar="KEY=VALUE", help="repeatable: all must match")  # fmt: skip
+    p.add_argument(
+        "--context",
+        dest="context",
+        action="append",
+        type=_context_pair,
+        default=None,
+        metavar="KEY=VALUE",
+        help="repeatable: all must match",
+    )
     p.add_argument("--json", action="store_true", help="print the page as one JSON document")
     p.set_defaults(func=_command(_list), check=partial(_check_list, p))
 
-    p = subparsers.add_parser("get", parents=common, help="show one trace",
-                              description="Show a trace's summary, or with --raw its stored document.")  # fmt: skip
+    p = subparsers.add_parser(
+        "get",
+        parents=common,
+        help="show one trace",
+        description="Show a trace's summary, or with --raw its stored document.",
+    )
     p.add_argument("trace_id", metavar="ID")
     p.add_argument("--raw", action="store_true", help="write the stored document, byte for byte")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
     p.set_defaults(func=_command(_get))
 
-    p = subparsers.add_parser("download", parents=common, help="save a trace's stored document",
-                              description="Save a trace's stored document to DEST; DEST is written "
-                                          "only once the whole document has arrived.")  # fmt: skip
+    p = subparsers.add_parser(
+        "download",
+        parents=common,
+        help="save a trace's stored document",
+        description="Save a trace's stored document to DEST; DEST is written only once the whole document has arrived.",
+    )
     p.add_argument("trace_id", metavar="ID")
     p.add_argument("dest", metavar="DEST")
     p.add_argument("--json", action="store_true", help="print {path, size_bytes} as one JSON document")
     p.set_defaults(func=_command(_download))
 
-    p = subparsers.add_parser("delete", parents=common, help="delete a trace",
-                              description="Delete every stored copy of a trace.")  # fmt: skip
+    p = subparsers.add_parser(
+        "delete", parents=common, help="delete a trace", description="Delete every stored copy of a trace."
+    )
     p.add_argument("trace_id", metavar="ID")
-    p.add_argument("--created-at", type=iso8601, default=None, metavar="ISO8601",
-                   help="delete only the copies created at this time")  # fmt: skip
+    p.add_argument(
+        "--created-at",
+        type=iso8601,
+        default=None,
+        metavar="ISO8601",
+        help="delete only the copies created at this time",
+    )
     p.add_argument("--json", action="store_true", help="print what was deleted as one JSON document")
     p.set_defaults(func=_command(_delete))
 
-    p = subparsers.add_parser("delete-run", parents=common, help="delete every trace of a run",
-                              description="Delete every trace of a run (its episode rows stay). On a "
-                                          "terminal it asks first; --yes does not ask.")  # fmt: skip
+    p = subparsers.add_parser(
+        "delete-run",
+        parents=common,
+        help="delete every trace of a run",
+        description="Delete every trace of a run (its episode rows stay). On a "
+        "terminal it asks first; --yes does not ask.",
+    )
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.add_argument("--json", action="store_true", help="print what was deleted as one JSON document")
@@ -180,8 +227,7 @@ def _command(body: Command) -> Callable[[argparse.Namespace], int]:
             fail(PROG, str(err), api_key=api_key, err=err, as_json=args.json)
             return 1
         except Exception as err:  # noqa: BLE001  (the CLI's promise: one line, no traceback)
-            fail(PROG, f"unexpected error: {type(err).__name__}: {err}", api_key=api_key, err=err,
-                 as_json=args.json)  # fmt: skip
+            fail(PROG, f"unexpected error: {type(err).__name__}: {err}", api_key=api_key, err=err, as_json=args.json)
             return 1
         finally:
             if client is not None:
@@ -226,8 +272,11 @@ def _whole_lines(path: str) -> Iterator[bytes]:
             aside = f"{path}.torn"
             with open(aside, "wb") as handle:
                 handle.write(previous)
-            print(f"{PROG}: {path}: the last line is torn ({len(previous)} bytes, no newline, not JSON); "
-                  f"set aside in {aside}, uploading the rest", file=sys.stderr)  # fmt: skip
+            print(
+                f"{PROG}: {path}: the last line is torn ({len(previous)} bytes, no newline, not JSON); "
+                f"set aside in {aside}, uploading the rest",
+                file=sys.stderr,
+            )
             return
     yield previous
 
@@ -244,11 +293,18 @@ def _list(api: ReadAPI, args: argparse.Namespace) -> None:
     else:
         header = ("TRACE ID", "CREATED (UTC)", "RUN", "MODEL", "REWARD", "OUTCOME", "ERROR", "TOKENS")
         rows = [header] + [
-            (t.trace_id, when(t.created_at), cell(t.run_id), cell(t.model.id),
-             cell(t.score.reward), cell(t.score.outcome), cell(t.execution.has_error),
-             str(t.total_tokens))
+            (
+                t.trace_id,
+                when(t.created_at),
+                cell(t.run_id),
+                cell(t.model.id),
+                cell(t.score.reward),
+                cell(t.score.outcome),
+                cell(t.execution.has_error),
+                str(t.total_tokens),
+            )
             for t in page.items
-        ]  # fmt: skip
+        ]
         print(table(rows))
     if page.next_cursor:
         print(f"more: --cursor {page.next_cursor}")
@@ -262,7 +318,7 @@ def _get(api: ReadAPI, args: argparse.Namespace) -> None:
         # count, not an error: write the rest, so a closed pipe raises instead.
         rest = memoryview(document)
         while rest:
-            rest = rest[sys.stdout.buffer.write(rest):]
+            rest = rest[sys.stdout.buffer.write(rest) :]
         sys.stdout.buffer.flush()
         return
     summary = api.get(args.trace_id)

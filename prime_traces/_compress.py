@@ -39,9 +39,7 @@ def _zstd_compressor(level: int) -> zstandard.ZstdCompressor:
         cache = _compressors.by_level = {}
     compressor = cache.get(level)
     if compressor is None:
-        compressor = cache[level] = zstandard.ZstdCompressor(
-            level=level, write_content_size=True
-        )
+        compressor = cache[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
     return compressor
 
 
@@ -114,8 +112,7 @@ class CodingSelector:
     def __init__(self, compression: str = COMPRESSION_AUTO) -> None:
         if compression not in COMPRESSION_CHOICES:
             raise ValueError(
-                f"compression must be one of {', '.join(map(repr, COMPRESSION_CHOICES))}, "
-                f"got {compression!r}"
+                f"compression must be one of {', '.join(map(repr, COMPRESSION_CHOICES))}, got {compression!r}"
             )
         self.compression = compression
         # Events are thread-safe flags: pool threads set them, any thread reads them.

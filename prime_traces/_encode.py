@@ -56,7 +56,7 @@ def _check_numbers(seq: Any) -> bool:
     """Whether seq holds only ints and floats; raises _NonFinite on NaN or ±Infinity."""
     try:
         total = sum(seq)  # C speed, and NaN or ±Infinity anywhere makes the total non-finite
-    except Exception:  # not all numbers (numpy values inside may broadcast or warn): look at each
+    except Exception:  # noqa: BLE001  not all numbers (numpy values inside may broadcast or warn): look at each
         return False
     if type(total) is int:
         return True
@@ -324,7 +324,8 @@ class RecordEncoder:
 
     A record is a mapping, else an object whose ``to_json()`` returns its JSON
     object as bytes or str (used as-is), else an object whose ``to_record()``
-    returns a mapping: :func:`record_form`, the rule ``prime_runs`` follows too. ``encode`` blocks for about one ``orjson.dumps`` of the record, and
+    returns a mapping: :func:`record_form`, the rule ``prime_runs`` follows
+    too. ``encode`` blocks for about one ``orjson.dumps`` of the record, and
     above ``chunk_threshold_bytes`` releases the GIL about every
     ``yield_interval_s``. An encoder holds only settings: share it between threads.
 

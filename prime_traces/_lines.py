@@ -33,6 +33,7 @@ FUTURE_WINDOW_S = 300
 #: The integers the service stores in columns are signed 64-bit.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
+
 class LineError(ValueError):
     """One line breaks a rule: ``code`` is the contract's error code, ``message`` says which rule."""
 
@@ -97,9 +98,11 @@ def check_record(record: Mapping[str, Any], line_format: str, now: float, seen: 
     if line_format == "episode":
         return _episode(record, now, seen)
     if _is_array(record.get("traces")):
-        raise LineError(ErrorCode.LINE_FORMAT_MISMATCH,
-                        "line is an episode (it has a 'traces' list) but the upload is "
-                        "trace format; send X-Prime-Line-Format: episode")  # fmt: skip
+        raise LineError(
+            ErrorCode.LINE_FORMAT_MISMATCH,
+            "line is an episode (it has a 'traces' list) but the upload is "
+            "trace format; send X-Prime-Line-Format: episode",
+        )
     start = _created_at(record, now)
     check_stored_numbers(record, start)
     if seen is not None:
@@ -110,8 +113,9 @@ def check_record(record: Mapping[str, Any], line_format: str, now: float, seen: 
 def _episode(record: Mapping[str, Any], now: float, seen: SeenIds | None) -> LineFacts:
     members = record.get("traces")
     if not _is_array(members):
-        raise LineError(ErrorCode.LINE_FORMAT_MISMATCH,
-                        "the upload is episode format but the line has no 'traces' list")  # fmt: skip
+        raise LineError(
+            ErrorCode.LINE_FORMAT_MISMATCH, "the upload is episode format but the line has no 'traces' list"
+        )
     members = [_member(m, i) for i, m in enumerate(members)]
     starts = [_created_at(m, now) for m in members]
     for position, (member, start) in enumerate(zip(members, starts)):
@@ -121,8 +125,9 @@ def _episode(record: Mapping[str, Any], now: float, seen: SeenIds | None) -> Lin
             _claim(seen.traces, member["id"], ErrorCode.DUPLICATE_TRACE_ID, "trace")
         _claim(seen.episodes, record["id"], ErrorCode.DUPLICATE_EPISODE_ID, "episode")
     if len(members) > MAX_TRACES_PER_EPISODE:
-        raise LineError(ErrorCode.TOO_MANY_TRACES_IN_EPISODE,
-                        f"episode has {len(members)} traces, over {MAX_TRACES_PER_EPISODE}")  # fmt: skip
+        raise LineError(
+            ErrorCode.TOO_MANY_TRACES_IN_EPISODE, f"episode has {len(members)} traces, over {MAX_TRACES_PER_EPISODE}"
+        )
     if len(record["id"]) > MAX_EPISODE_ID_CHARS:
         raise LineError(ErrorCode.EPISODE_ID_TOO_LONG, f"episode id is over {MAX_EPISODE_ID_CHARS} characters")
     env = record.get("env")
@@ -182,9 +187,11 @@ def check_stored_numbers(trace: Mapping[str, Any], start: float, prefix: str = "
     if _is_number(end) and math.isfinite(end):
         duration_ms = (end - start) * 1000
         if not (math.isfinite(duration_ms) and INT64_MIN <= duration_ms <= INT64_MAX):
-            raise LineError(ErrorCode.INVALID_TRACE,
-                            f"trace {trace['id']!r} {prefix}timing.scoring.end {end} is too far from timing.start "
-                            f"{start} for a 64-bit duration in milliseconds")  # fmt: skip
+            raise LineError(
+                ErrorCode.INVALID_TRACE,
+                f"trace {trace['id']!r} {prefix}timing.scoring.end {end} is too far from timing.start "
+                f"{start} for a 64-bit duration in milliseconds",
+            )
 
 
 def _is_number(value: Any) -> bool:
@@ -196,8 +203,9 @@ def _check_int64(value: Any, path: str, trace: Mapping[str, Any]) -> None:
     if not _is_number(value) or (isinstance(value, float) and not value.is_integer()):
         return
     if not INT64_MIN <= value <= INT64_MAX:
-        raise LineError(ErrorCode.INVALID_TRACE,
-                        f"trace {trace['id']!r} {path} is {value}, outside the signed 64-bit range")  # fmt: skip
+        raise LineError(
+            ErrorCode.INVALID_TRACE, f"trace {trace['id']!r} {path} is {value}, outside the signed 64-bit range"
+        )
 
 
 def _claim(seen: set[str], key: str, code: ErrorCode, what: str) -> None:

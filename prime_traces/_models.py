@@ -109,8 +109,9 @@ def _datetime(value: Any, path: str) -> datetime:
         tz = timezone(-offset if sign == "-" else offset)
     micros = int((frac or "0").ljust(6, "0"))
     try:
-        return datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0),
-                        int(second or 0), micros, tzinfo=tz)  # fmt: skip
+        return datetime(
+            int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0), micros, tzinfo=tz
+        )
     except ValueError as err:
         raise ResponseFormatError(path, f"invalid datetime {value!r}: {err}") from None
 

@@ -22,7 +22,6 @@ from typing import IO, Any, TypeVar
 import orjson
 import tenacity
 
-from prime_traces.config import api_url, encode_query
 from prime_traces._models import (
     EpisodeDetail,
     EpisodeListPage,
@@ -42,6 +41,7 @@ from prime_traces._retry import (
     wait_retry_after_or_backoff,
 )
 from prime_traces._transport import Transport, not_sent
+from prime_traces.config import api_url, encode_query
 from prime_traces.errors import (
     SERVICE_REFUSAL_CODES,
     AmbiguousDeleteError,
@@ -55,16 +55,45 @@ logger = logging.getLogger(__name__)
 DEFAULT_DELETE_ATTEMPTS = 3
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
 
-TRACE_FILTERS = frozenset({
-    "run_id", "environment_id", "model_id", "model_provider", "task_id", "outcome", "upload_id",
-    "reward_min", "reward_max", "has_error", "is_truncated", "created_after", "created_before",
-    "context", "sort", "limit", "cursor",
-})  # fmt: skip
+TRACE_FILTERS = frozenset(
+    {
+        "run_id",
+        "environment_id",
+        "model_id",
+        "model_provider",
+        "task_id",
+        "outcome",
+        "upload_id",
+        "reward_min",
+        "reward_max",
+        "has_error",
+        "is_truncated",
+        "created_after",
+        "created_before",
+        "context",
+        "sort",
+        "limit",
+        "cursor",
+    }
+)
 EPISODE_TRACE_FILTERS = TRACE_FILTERS - {"sort", "upload_id"}
-EPISODE_FILTERS = frozenset({
-    "run_id", "upload_id", "environment_id", "outcome", "has_error", "run_step", "step_min",
-    "step_max", "created_after", "created_before", "context", "limit", "cursor",
-})  # fmt: skip
+EPISODE_FILTERS = frozenset(
+    {
+        "run_id",
+        "upload_id",
+        "environment_id",
+        "outcome",
+        "has_error",
+        "run_step",
+        "step_min",
+        "step_max",
+        "created_after",
+        "created_before",
+        "context",
+        "limit",
+        "cursor",
+    }
+)
 RUN_FILTERS = frozenset({"run_type", "created_by", "created_after", "created_before", "limit", "cursor"})
 METRIC_FILTERS = frozenset({"names", "min_step", "max_step", "limit", "cursor"})
 
@@ -92,8 +121,7 @@ def _query_value(value: Any) -> Any:
 def _query(method: str, filters: Mapping[str, Any], known: frozenset[str]) -> list[tuple[str, str]]:
     unknown = sorted(set(filters) - known)
     if unknown:
-        raise TypeError(f"{method}() got unknown filter(s) {', '.join(unknown)}; "
-                        f"known: {', '.join(sorted(known))}")  # fmt: skip
+        raise TypeError(f"{method}() got unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     return encode_query({name: _query_value(value) for name, value in filters.items()})
 
 
@@ -113,9 +141,12 @@ def _delete_retryable(err: BaseException) -> bool:
 def _log_retry(retry_state: tenacity.RetryCallState) -> None:
     outcome = retry_state.outcome
     next_action = retry_state.next_action
-    logger.info("attempt %d failed (%s); retrying in %.2f s", retry_state.attempt_number,
-                outcome.exception() if outcome is not None else None,
-                next_action.sleep if next_action is not None else 0.0)  # fmt: skip
+    logger.info(
+        "attempt %d failed (%s); retrying in %.2f s",
+        retry_state.attempt_number,
+        outcome.exception() if outcome is not None else None,
+        next_action.sleep if next_action is not None else 0.0,
+    )
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -94,7 +94,7 @@ def backoff_s(attempt: int, rng: random.Random | None = None) -> float:
     producers that failed together do not retry together.
     """
     jitter = (rng or random).uniform(0.5, 1.5)
-    return min(MAX_BACKOFF_S, 2.0 ** attempt) * jitter
+    return min(MAX_BACKOFF_S, 2.0**attempt) * jitter
 
 
 class wait_retry_after_or_backoff(tenacity.wait.wait_base):

@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from prime_traces.config import api_url
 from prime_traces._transport import Transport
+from prime_traces.config import api_url
 from prime_traces.errors import ResponseFormatError
 
 RUN_KINDS = ("train", "eval")
@@ -142,8 +142,9 @@ class RunsAPI:
         if isinstance(rows, (str, bytes, Mapping)):
             raise TypeError("rows must be a sequence of row mappings, not a single str, bytes or mapping")
         _check_timeout(timeout_s)
-        return self._send_run("POST", api_url(self._base_url, "runs", run_id, "metrics"), {"rows": list(rows)},
-                              timeout_s)  # fmt: skip
+        return self._send_run(
+            "POST", api_url(self._base_url, "runs", run_id, "metrics"), {"rows": list(rows)}, timeout_s
+        )
 
     def _send_run(self, method: str, url: str, body: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
         resp = self._transport.request(

@@ -25,15 +25,14 @@ import orjson
 import requests
 import urllib3
 
+from prime_traces._redact import Redactor
+from prime_traces._retry import parse_retry_after
 from prime_traces.config import (
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
     ClientConfig,
     default_headers,
 )
-from prime_traces.threads import call_in_forked_child
-from prime_traces._redact import Redactor
-from prime_traces._retry import parse_retry_after
 from prime_traces.errors import (
     APIError,
     APITimeoutError,
@@ -48,6 +47,7 @@ from prime_traces.errors import (
     UnauthorizedError,
     ValidationRejectedError,
 )
+from prime_traces.threads import call_in_forked_child
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +144,14 @@ def _line_rejections(entries: Any, hide: Redactor) -> tuple[LineRejection, ...]:
         if not isinstance(entry, dict) or type(entry.get("line")) is not int:
             continue
         code, message, record_id = entry.get("code"), entry.get("message"), entry.get("id")
-        found.append(LineRejection(
-            entry["line"],
-            code if isinstance(code, str) else None,
-            hide(message) if isinstance(message, str) else "rejected",
-            record_id if isinstance(record_id, str) else None,
-        ))  # fmt: skip
+        found.append(
+            LineRejection(
+                entry["line"],
+                code if isinstance(code, str) else None,
+                hide(message) if isinstance(message, str) else "rejected",
+                record_id if isinstance(record_id, str) else None,
+            )
+        )
     return tuple(found)
 
 
@@ -343,4 +345,3 @@ def _path(url: str) -> str:
 
 def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
-

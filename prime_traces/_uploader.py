@@ -37,8 +37,6 @@ from prime_traces._compress import (
     content_encoding_header,
 )
 from prime_traces._models import UploadReceipt
-from prime_traces.threads import DaemonPool
-from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS, is_refusal, upload_retrying
 from prime_traces._transport import Transport
 from prime_traces._window import OK, OTHER, REFUSED, InFlightWindow
@@ -48,6 +46,8 @@ from prime_traces.errors import (
     TransportError,
     UploadError,
 )
+from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
+from prime_traces.threads import DaemonPool
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,15 @@ class Sender:
     window how it went.
     """
 
-    def __init__(self, transport: Transport, selector: CodingSelector, window: InFlightWindow, *,
-                 zstd_level: int, sleep: Callable[[float], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        transport: Transport,
+        selector: CodingSelector,
+        window: InFlightWindow,
+        *,
+        zstd_level: int,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
         self.transport = transport
         self.selector = selector
         self.window = window
@@ -115,20 +122,27 @@ class Sender:
         self.sleep = sleep
         self.url = transport.config.base_url + "/api/v1/traces"
 
-    def send(self, batch: Batch, settings: UploadSettings, cancel: threading.Event | None,
-             reserved: bool = False) -> UploadReceipt:  # fmt: skip
+    def send(
+        self, batch: Batch, settings: UploadSettings, cancel: threading.Event | None, reserved: bool = False
+    ) -> UploadReceipt:
         """Send ``batch`` until it commits, fails for good, or ``cancel`` is set.
 
         ``reserved``: the caller holds a window reservation for the first attempt.
         """
         metadata = settings.metadata()
-        retrying = upload_retrying(settings.max_attempts, cancel=cancel, sleep=self.sleep,
-                                   refusals_free=True, max_refused_s=settings.max_refused_s)  # fmt: skip
+        retrying = upload_retrying(
+            settings.max_attempts,
+            cancel=cancel,
+            sleep=self.sleep,
+            refusals_free=True,
+            max_refused_s=settings.max_refused_s,
+        )
         reservation = [reserved]
         return retrying(self._attempt, batch, metadata, settings.line_format, cancel, reservation)
 
-    def _attempt(self, batch: Batch, metadata: bytes, line_format: str, cancel: threading.Event | None,
-                 reservation: list[bool]) -> UploadReceipt:  # fmt: skip
+    def _attempt(
+        self, batch: Batch, metadata: bytes, line_format: str, cancel: threading.Event | None, reservation: list[bool]
+    ) -> UploadReceipt:
         reserved, reservation[0] = reservation[0], False
         ticket = self.window.acquire(cancel, reserved=reserved)
         if ticket is None:
@@ -162,11 +176,16 @@ class Sender:
         if encoding:
             part_headers += f"Content-Encoding: {encoding}\r\n"
         head = (
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n"
-            f"Content-Type: application/json\r\n\r\n"
-        ).encode() + metadata + f"\r\n--{boundary}\r\n{part_headers}\r\n".encode()
-        body = b"".join((head, compress(batch.body, coding, zstd_level=self.zstd_level),
-                         f"\r\n--{boundary}--\r\n".encode()))  # fmt: skip
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="metadata"\r\n'
+                f"Content-Type: application/json\r\n\r\n"
+            ).encode()
+            + metadata
+            + f"\r\n--{boundary}\r\n{part_headers}\r\n".encode()
+        )
+        body = b"".join(
+            (head, compress(batch.body, coding, zstd_level=self.zstd_level), f"\r\n--{boundary}--\r\n".encode())
+        )
         headers = {"Idempotency-Key": key, "Content-Type": f"multipart/form-data; boundary={boundary}"}
         if line_format == "episode":
             headers["X-Prime-Line-Format"] = "episode"
@@ -192,16 +211,31 @@ def outcome_of(batch: Batch, future: Future[UploadReceipt] | None) -> BatchOutco
         return BatchOutcome(**base, status=BatchStatus.FAILED, error=err, code=getattr(err, "code", None))
     rejected = batch.input_index_of(err.line) if err.line is not None else None
     listed = {index: entry for entry in err.errors if (index := batch.input_index_of(entry.line)) is not None}
-    return BatchOutcome(**base, status=BatchStatus.REJECTED, error=err, code=err.code,
-                        rejected_line=rejected, record_id=err.record_id, rejected_lines=listed)  # fmt: skip
+    return BatchOutcome(
+        **base,
+        status=BatchStatus.REJECTED,
+        error=err,
+        code=err.code,
+        rejected_line=rejected,
+        record_id=err.record_id,
+        rejected_lines=listed,
+    )
 
 
 class Upload:
     """One call of ``upload_lines``: the window, the order, the stop."""
 
-    def __init__(self, pool: DaemonPool, sender: Sender, settings: UploadSettings, *, max_in_flight: int,
-                 on_batch: OnBatch | None, cancel: threading.Event | None,
-                 abandon_after_s: float = DEFAULT_ABANDON_AFTER_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: DaemonPool,
+        sender: Sender,
+        settings: UploadSettings,
+        *,
+        max_in_flight: int,
+        on_batch: OnBatch | None,
+        cancel: threading.Event | None,
+        abandon_after_s: float = DEFAULT_ABANDON_AFTER_S,
+    ) -> None:
         self.pool = pool
         self.sender = sender
         self.settings = settings
@@ -325,7 +359,7 @@ class Upload:
         if self.on_batch is not None and not self._on_batch_failed:
             try:
                 self.on_batch(batch, receipt)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001  (on_batch is user code)
                 self._on_batch_failed = True
                 self.failure = self.failure or err
 
@@ -337,7 +371,7 @@ class Upload:
                 break
             try:
                 future.exception(timeout=remaining)
-            except Exception:  # concurrent.futures.TimeoutError: still in flight
+            except Exception:  # noqa: BLE001  concurrent.futures.TimeoutError: still in flight
                 break
         # What finished in time is collected (and announced) in order; the rest is abandoned.
         self._collect()

@@ -214,8 +214,9 @@ def error_document(message: str, err: BaseException | None = None) -> dict[str, 
     return {"error": {"message": message, "code": code, "status": status}}
 
 
-def fail(prog: str, message: str, *, api_key: str | None = None, err: BaseException | None = None,
-         as_json: bool = False) -> None:  # fmt: skip
+def fail(
+    prog: str, message: str, *, api_key: str | None = None, err: BaseException | None = None, as_json: bool = False
+) -> None:
     """Report a failure: one line on stderr, and under ``--json`` the error document on stdout."""
     line = one_line(message, api_key)
     if as_json:
@@ -227,7 +228,7 @@ def when(moment: datetime | None) -> str:
     if moment is None:
         return "-"
     if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc)  # noqa: UP017  (datetime.UTC is 3.11+; 3.10 is supported)
+        moment = moment.astimezone(timezone.utc)  # datetime.UTC is 3.11+; 3.10 is supported
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -248,14 +249,22 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 def summary_lines(t: TraceSummary) -> list[tuple[str, str]]:
     """``get``'s ``key value`` lines of a trace summary."""
     return [
-        ("trace_id", t.trace_id), ("upload_id", t.upload_id), ("episode_id", cell(t.episode_id)),
-        ("created_at", when(t.created_at)), ("ingested_at", when(t.ingested_at)),
-        ("run_id", cell(t.run_id)), ("environment_id", cell(t.environment_id)),
+        ("trace_id", t.trace_id),
+        ("upload_id", t.upload_id),
+        ("episode_id", cell(t.episode_id)),
+        ("created_at", when(t.created_at)),
+        ("ingested_at", when(t.ingested_at)),
+        ("run_id", cell(t.run_id)),
+        ("environment_id", cell(t.environment_id)),
         ("model", f"{cell(t.model.provider)} / {cell(t.model.id)}"),
-        ("task_id", cell(t.task_id)), ("agent_name", cell(t.agent_name)),
-        ("reward", cell(t.score.reward)), ("outcome", cell(t.score.outcome)),
-        ("has_error", cell(t.execution.has_error)), ("is_truncated", cell(t.execution.is_truncated)),
-        ("duration_ms", str(t.duration_ms)), ("total_tokens", str(t.total_tokens)),
+        ("task_id", cell(t.task_id)),
+        ("agent_name", cell(t.agent_name)),
+        ("reward", cell(t.score.reward)),
+        ("outcome", cell(t.score.outcome)),
+        ("has_error", cell(t.execution.has_error)),
+        ("is_truncated", cell(t.execution.is_truncated)),
+        ("duration_ms", str(t.duration_ms)),
+        ("total_tokens", str(t.total_tokens)),
         ("size_bytes", str(t.size_bytes)),
         ("context", ", ".join(f"{k}={v}" for k, v in sorted(t.context.items())) or "-"),
-    ]  # fmt: skip
+    ]

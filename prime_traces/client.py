@@ -16,11 +16,8 @@ from prime_traces._batching import (
     iter_file_lines,
 )
 from prime_traces._compress import COMPRESSION_CHOICES, DEFAULT_ZSTD_LEVEL, CodingSelector
-from prime_traces.config import READ_TIMEOUT_S, resolve_config
-from prime_traces.encoding import LineFormat
 from prime_traces._encode import encode_record_parts, is_episode
 from prime_traces._models import UploadReceipt
-from prime_traces.threads import DaemonPool
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
 from prime_traces._runs_api import MAX_METRIC_ROWS_PER_REQUEST, RUN_KINDS, TERMINAL_STATUSES, RunsAPI
@@ -34,7 +31,10 @@ from prime_traces._uploader import (
     UploadSettings,
 )
 from prime_traces._window import InFlightWindow
+from prime_traces.config import READ_TIMEOUT_S, resolve_config
+from prime_traces.encoding import LineFormat
 from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError
+from prime_traces.threads import DaemonPool
 
 logger = logging.getLogger(__name__)
 
@@ -165,11 +165,17 @@ class TracesClient(ReadAPI, RunsAPI):
             raise RuntimeError("this TracesClient is closed")
         if isinstance(line_format, LineFormat):
             line_format = line_format.value
-        settings = UploadSettings(line_format, context, schema_version, target_batch_bytes, max_attempts,
-                                  max_refused_s)  # fmt: skip
+        settings = UploadSettings(line_format, context, schema_version, target_batch_bytes, max_attempts, max_refused_s)
         settings.validate()
-        upload = Upload(self._pool, self._sender, settings, max_in_flight=self.max_in_flight,
-                        on_batch=on_batch, cancel=cancel, abandon_after_s=self.abandon_after_s)  # fmt: skip
+        upload = Upload(
+            self._pool,
+            self._sender,
+            settings,
+            max_in_flight=self.max_in_flight,
+            on_batch=on_batch,
+            cancel=cancel,
+            abandon_after_s=self.abandon_after_s,
+        )
         return upload.run(lines)
 
     def upload_records(
@@ -188,9 +194,7 @@ class TracesClient(ReadAPI, RunsAPI):
             return []
         if line_format is None:
             line_format = "episode" if is_episode_record(first) else "trace"
-        return self.upload_lines(
-            _encoded(itertools.chain((first,), iterator)), line_format=line_format, **kwargs
-        )
+        return self.upload_lines(_encoded(itertools.chain((first,), iterator)), line_format=line_format, **kwargs)
 
     def upload_file(self, path: str | os.PathLike[str], **kwargs: Any) -> list[UploadReceipt]:
         """Upload a JSONL file, streamed; arguments as :meth:`upload_lines`."""
@@ -212,8 +216,7 @@ class TracesClient(ReadAPI, RunsAPI):
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be greater than 0, not {timeout_s}")
         try:
-            self._transport.request("GET", self._url("traces"), params={"limit": "1"}, timeout_s=timeout_s,
-                                    whole=True)  # fmt: skip
+            self._transport.request("GET", self._url("traces"), params={"limit": "1"}, timeout_s=timeout_s, whole=True)
         except RetryableAPIError:
             return False
         except APIError as err:

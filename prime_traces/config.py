@@ -53,10 +53,7 @@ class ClientConfig:
 
     def __repr__(self) -> str:
         key_state = "<set>" if self.api_key else "<unset>"
-        return (
-            f"ClientConfig(api_key={key_state}, base_url={self.base_url!r}, "
-            f"team_id={self.team_id!r})"
-        )
+        return f"ClientConfig(api_key={key_state}, base_url={self.base_url!r}, team_id={self.team_id!r})"
 
 
 def resolve_config(
@@ -93,11 +90,7 @@ def resolve_config(
     if base_url:
         resolved_url = base_url
     else:
-        resolved_url = (
-            env.get(ENV_TRACES_URL)
-            or _file_str(file_values, "traces_url")
-            or DEFAULT_BASE_URL
-        )
+        resolved_url = env.get(ENV_TRACES_URL) or _file_str(file_values, "traces_url") or DEFAULT_BASE_URL
 
     if api_key is not None:
         resolved_key = _clean_api_key(api_key, "the api_key argument")

@@ -113,9 +113,7 @@ class UploadReport:
 
     @property
     def first_failure(self) -> BatchOutcome | None:
-        return next(
-            (b for b in self.batches if b.status in (BatchStatus.REJECTED, BatchStatus.FAILED)), None
-        )
+        return next((b for b in self.batches if b.status in (BatchStatus.REJECTED, BatchStatus.FAILED)), None)
 
     def summary(self) -> str:
         """One sentence: what committed, what failed, from where nothing was sent."""

@@ -149,8 +149,13 @@ class DaemonPool(Executor):
             receipts = list(pool.map(send, batches, timeout=120))
     """
 
-    def __init__(self, max_workers: int, *, name: str = "prime-traces-pool",
-                 exit_timeout_s: float | None = DEFAULT_EXIT_TIMEOUT_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        max_workers: int,
+        *,
+        name: str = "prime-traces-pool",
+        exit_timeout_s: float | None = DEFAULT_EXIT_TIMEOUT_S,
+    ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be greater than 0, not {max_workers}")
         if exit_timeout_s is not None and exit_timeout_s < 0:
@@ -227,8 +232,13 @@ class DaemonPool(Executor):
         with self._lock:
             self._idle += 1
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False,  # type: ignore[override]
-                 timeout_s: float | None = None) -> bool:  # fmt: skip
+    def shutdown(
+        self,
+        wait: bool = True,
+        *,
+        cancel_futures: bool = False,  # type: ignore[override]
+        timeout_s: float | None = None,
+    ) -> bool:
         """Take no more work; let the workers end once the queue is empty. Idempotent.
 
         ``cancel_futures=True`` first cancels every queued future that has not

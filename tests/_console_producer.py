@@ -20,10 +20,13 @@ parser.add_argument("root")
 parser.add_argument("--finish-timeout", type=float, default=60.0)
 parser.add_argument("--ready", action="store_true")
 args = parser.parse_args()
-run = prime_runs.init("console-producer", api_key="test-key", base_url=args.url, dir=args.root,
-                      finish_timeout_s=args.finish_timeout)  # fmt: skip
+run = prime_runs.init(
+    "console-producer", api_key="test-key", base_url=args.url, dir=args.root, finish_timeout_s=args.finish_timeout
+)
 run.log_episodes([episode(f"p-{i}", [trace(f"p-{i}-t")]) for i in range(19)])
-run.log_episodes([episode("p-19", [trace("p-19-t")]), episode("p-bad", [trace("p-bad-t", info={"score": float("nan")})])])
+run.log_episodes(
+    [episode("p-19", [trace("p-19-t")]), episode("p-bad", [trace("p-bad-t", info={"score": float("nan")})])]
+)
 if args.ready:
     print("ready", flush=True)
     sys.stdin.readline()

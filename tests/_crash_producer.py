@@ -12,8 +12,9 @@ whose ``init()`` has no ``dir``.
 import argparse
 import random
 
-import prime_runs
 from _wire import episode, trace
+
+import prime_runs
 
 parser = argparse.ArgumentParser()
 parser.add_argument("seed", type=int)

@@ -30,8 +30,7 @@ def connect(url: str, timeout_s: float = 10.0) -> socket.socket:
     return socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
 
 
-def request_head(method: str, path: str, headers: list[tuple[str, str]], *,
-                 token: str | None = DEFAULT_TOKEN) -> bytes:  # fmt: skip
+def request_head(method: str, path: str, headers: list[tuple[str, str]], *, token: str | None = DEFAULT_TOKEN) -> bytes:
     """The request line and headers, in the order given (repeats kept), and the blank line."""
     lines = [f"{method} {path} HTTP/1.1", "Host: localhost"]
     if token is not None:

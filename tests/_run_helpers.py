@@ -1,6 +1,5 @@
 """Shared pieces of the Run tests: an isolated environment, a gate on uploads, builders."""
 
-
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,6 @@ from _wire import episode, trace
 import prime_runs
 from prime_runs import Run
 from prime_traces.server import LocalTracesService
-
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "test-key"
@@ -111,7 +109,7 @@ def stored_episodes(svc: LocalTracesService) -> dict[str, int]:
 
 
 def local_records(run_dir: Path | str, kind: str) -> list[dict[str, Any]]:
-    """The records in a run directory's ``kind`` segments (``episode``, ``trace``, ``rejected``), as zstdcat reads them."""
+    """The records in a run directory's ``kind`` segments (``episode``, ``trace``, ``rejected``), as zstdcat reads."""
     out = []
     for path in sorted(Path(run_dir).glob(f"{kind}-*.jsonl.zst")):
         with path.open("rb") as handle:
@@ -130,9 +128,16 @@ def sink_counts(run: Run, sink: str = "traces") -> dict[str, Any]:
     return run.stats()["sinks"][sink]
 
 
-def assert_buckets(run: Run, sink: str = "traces", *, submitted: int, stored: int,
-                   dropped: dict[str, int] | None = None, failed: dict[str, int] | None = None,
-                   spooled: dict[str, int] | None = None) -> None:  # fmt: skip
+def assert_buckets(
+    run: Run,
+    sink: str = "traces",
+    *,
+    submitted: int,
+    stored: int,
+    dropped: dict[str, int] | None = None,
+    failed: dict[str, int] | None = None,
+    spooled: dict[str, int] | None = None,
+) -> None:
     """Every bucket of ``sink`` holds what the scenario implies (empty unless given), and the identity closes.
 
     The identity alone cannot fail when a record is counted in the wrong
@@ -142,9 +147,19 @@ def assert_buckets(run: Run, sink: str = "traces", *, submitted: int, stored: in
     stats = run.stats()
     counts = stats["sinks"][sink]
     assert counts["resynced"] == 0, "resynced records: check this run's buckets by hand"
-    actual = {"submitted": stats["submitted"], "stored": counts["stored"], "dropped": stats["dropped"],
-              "failed": counts["failed"], "spooled": counts["spooled_reasons"]}  # fmt: skip
-    expected = {"submitted": submitted, "stored": stored, "dropped": dropped or {}, "failed": failed or {},
-                "spooled": spooled or {}}  # fmt: skip
+    actual = {
+        "submitted": stats["submitted"],
+        "stored": counts["stored"],
+        "dropped": stats["dropped"],
+        "failed": counts["failed"],
+        "spooled": counts["spooled_reasons"],
+    }
+    expected = {
+        "submitted": submitted,
+        "stored": stored,
+        "dropped": dropped or {},
+        "failed": failed or {},
+        "spooled": spooled or {},
+    }
     assert actual == expected
     assert identity_holds(run, sink)

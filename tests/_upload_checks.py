@@ -8,12 +8,12 @@ import zlib
 from typing import Any
 
 import zstandard
-
 from _wire import (
     ACCEPT_ENCODING,
     episode,
     trace,
 )
+
 from prime_traces.server import LocalTracesService
 
 MIB = 1024 * 1024

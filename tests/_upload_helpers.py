@@ -17,12 +17,19 @@ import requests
 from _wire import DEFAULT_TOKEN, auth, jsonl, post_upload  # noqa: F401  (re-exported)
 
 
-def upload(url: str, lines: list[dict[str, Any] | bytes], *, episode: bool = False,
-           context: dict[str, str] | None = None, token: str = DEFAULT_TOKEN,
-           coding: str | None = "gzip") -> requests.Response:
+def upload(
+    url: str,
+    lines: list[dict[str, Any] | bytes],
+    *,
+    episode: bool = False,
+    context: dict[str, str] | None = None,
+    token: str = DEFAULT_TOKEN,
+    coding: str | None = "gzip",
+) -> requests.Response:
     """POST one upload of ``lines`` to the service at ``url`` (its base URL)."""
-    return post_upload(url, lines, line_format="episode" if episode else None, context=context,
-                       token=token, coding=coding or "none")  # fmt: skip
+    return post_upload(
+        url, lines, line_format="episode" if episode else None, context=context, token=token, coding=coding or "none"
+    )
 
 
 def make_trace(
@@ -50,18 +57,21 @@ def make_trace(
         "version": 1,
         "id": trace_id,
         "task": {"type": "qa", "data": {"idx": 0, "name": "arith"}},
-        "agent": {"name": agent, "trainable": False,
-                  "config": {"model": model, "client": {"base_url": base_url}}},
+        "agent": {"name": agent, "trainable": False, "config": {"model": model, "client": {"base_url": base_url}}},
         "nodes": [
             {"message": {"role": "user", "content": text}, "parent": None, "sampled": False},
             {"message": {"role": "assistant", "content": "4"}, "parent": 0, "sampled": True},
         ],
-        "calls": [{
-            "node": 1, "model": model, "endpoint": "chat", "finish_reason": "stop",
-            "usage": {"input_tokens": total_tokens - 20, "completion_tokens": 20,
-                      "total_tokens": total_tokens},
-            "time": {"start": start + 0.5, "end": start + 1.5},
-        }],
+        "calls": [
+            {
+                "node": 1,
+                "model": model,
+                "endpoint": "chat",
+                "finish_reason": "stop",
+                "usage": {"input_tokens": total_tokens - 20, "completion_tokens": 20, "total_tokens": total_tokens},
+                "time": {"start": start + 0.5, "end": start + 1.5},
+            }
+        ],
         "tools": [],
         "rewards": {} if reward is None else {"correct": {"score": reward, "weight": 1.0}},
         "metrics": {},
@@ -70,9 +80,15 @@ def make_trace(
         "ok": ok,
         "stop_condition": stop_condition,
         "errors": errors or [],
-        "timing": {"start": start, "boot": 0.1, "setup": 0.1, "agent": 1.5, "finalize": 0.1,
-                   "scoring": {"start": start + duration_s - 0.2, "end": start + duration_s}},
-    }  # fmt: skip
+        "timing": {
+            "start": start,
+            "boot": 0.1,
+            "setup": 0.1,
+            "agent": 1.5,
+            "finalize": 0.1,
+            "scoring": {"start": start + duration_s - 0.2, "end": start + duration_s},
+        },
+    }
     if task_key is not None:
         trace["task"]["key"] = task_key
     if run_id is not None:
@@ -115,10 +131,12 @@ def make_episode(
 # -- plain requests to the service ---------------------------------------------
 
 
-def api(svc: Any, method: str, path: str, params: Any = None, json: Any = None,
-        token: str = DEFAULT_TOKEN) -> requests.Response:
-    return requests.request(method, f"{svc.url}/api/v1{path}", params=params, json=json,
-                            headers=auth(token), timeout=30)  # fmt: skip
+def api(
+    svc: Any, method: str, path: str, params: Any = None, json: Any = None, token: str = DEFAULT_TOKEN
+) -> requests.Response:
+    return requests.request(
+        method, f"{svc.url}/api/v1{path}", params=params, json=json, headers=auth(token), timeout=30
+    )
 
 
 def ok(svc: Any, path: str, params: Any = None) -> Any:

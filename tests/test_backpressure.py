@@ -10,8 +10,8 @@ import pytest
 from _wire import trace
 
 from prime_traces import TracesClient, UploadError
-from prime_traces.report import BatchStatus
 from prime_traces._window import MAX_PROBE_PENALTY, OK, OTHER, REFUSED, InFlightWindow
+from prime_traces.report import BatchStatus
 from prime_traces.server import LocalTracesService
 
 TOKEN = "backpressure-token"
@@ -153,8 +153,9 @@ def test_a_batch_refused_past_max_refused_s_fails(tmp_path):
 
 def test_cancel_ends_a_refusal_wait(tmp_path):
     cancel = threading.Event()
-    with LocalTracesService(tmp_path / "db", fail_fraction=1.0, fail_status=429, fail_retry_after_s=30,
-                            before_upload=cancel.set) as svc:  # fmt: skip
+    with LocalTracesService(
+        tmp_path / "db", fail_fraction=1.0, fail_status=429, fail_retry_after_s=30, before_upload=cancel.set
+    ) as svc:
         with client_for(svc, max_in_flight=1) as client:
             started = time.monotonic()
             with pytest.raises(UploadError):
@@ -182,11 +183,13 @@ BANDWIDTH_MB_S = 5.0
 @pytest.mark.parametrize("limit", [1, 2, 4])
 def test_a_client_at_eight_against_a_smaller_service_limit_stores_everything(tmp_path, limit):
     lines = lines_of(100 * limit, pad=BATCH_BYTES - 400)
-    with LocalTracesService(tmp_path / "a.db", store="none", validate="light", max_uploads_in_flight=limit,
-                            bandwidth_mb_s=BANDWIDTH_MB_S) as svc:  # fmt: skip
+    with LocalTracesService(
+        tmp_path / "a.db", store="none", validate="light", max_uploads_in_flight=limit, bandwidth_mb_s=BANDWIDTH_MB_S
+    ) as svc:
         at_limit, _ = _timed_upload(svc, limit, lines)
-    with LocalTracesService(tmp_path / "b.db", store="none", validate="light", max_uploads_in_flight=limit,
-                            bandwidth_mb_s=BANDWIDTH_MB_S) as svc:  # fmt: skip
+    with LocalTracesService(
+        tmp_path / "b.db", store="none", validate="light", max_uploads_in_flight=limit, bandwidth_mb_s=BANDWIDTH_MB_S
+    ) as svc:
         at_eight, stats = _timed_upload(svc, 8, lines)
         served = svc.stats()
     assert served["uploads"] == len(lines)

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prime_traces import TraceTooLargeError
-from prime_traces import _batching
+from prime_traces import TraceTooLargeError, _batching
 from prime_traces._batching import (
     DEFAULT_TARGET_BATCH_BYTES,
     MAX_BATCH_BYTES,
@@ -246,9 +245,7 @@ def test_batching_properties(lines, target, max_lines):
     again = list(iter_batches(lines, target_batch_bytes=target, max_batch_lines=max_lines))
 
     # Deterministic: the same input gives the same cuts and keys.
-    assert [(b.body, b.key, b.line_indexes) for b in batches] == [
-        (b.body, b.key, b.line_indexes) for b in again
-    ]
+    assert [(b.body, b.key, b.line_indexes) for b in batches] == [(b.body, b.key, b.line_indexes) for b in again]
     # Nothing lost, nothing added, nothing reordered.
     expected = [n for n in map(_normalised, lines) if n is not None]
     assert b"".join(b.body for b in batches) == b"".join(expected)

@@ -31,11 +31,16 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def svc(tmp_path: Path) -> Iterator[LocalTracesService]:
     with LocalTracesService(tmp_path / "cli.db", api_key=KEY) as service:
         now = time.time()
-        resp = upload(service.url, [
-            make_trace("t-1", start=now - 20, run_id="run-1", reward=0.5),
-            make_trace("t-2", start=now - 10, run_id="run-1", ok=False, text="ünï ✓"),
-            make_trace("t-3", start=now - 5, run_id="run-2"),
-        ], context={"source": "cli"}, token=KEY)  # fmt: skip
+        resp = upload(
+            service.url,
+            [
+                make_trace("t-1", start=now - 20, run_id="run-1", reward=0.5),
+                make_trace("t-2", start=now - 10, run_id="run-1", ok=False, text="ünï ✓"),
+                make_trace("t-3", start=now - 5, run_id="run-2"),
+            ],
+            context={"source": "cli"},
+            token=KEY,
+        )
         assert resp.status_code == 201, resp.text
         yield service
 
@@ -62,8 +67,9 @@ def test_list_table_and_json(svc: LocalTracesService, capsys: pytest.CaptureFixt
     cursor = page["next_cursor"]
     assert cursor
 
-    code, out, _ = run(svc, capsys, "list", "--no-has-error", "--context", "source=cli", "--limit", "1",
-                       "--cursor", cursor, "--json")  # fmt: skip
+    code, out, _ = run(
+        svc, capsys, "list", "--no-has-error", "--context", "source=cli", "--limit", "1", "--cursor", cursor, "--json"
+    )
     assert [t["trace_id"] for t in json.loads(out)["items"]] == ["t-1"]
 
     code, out, _ = run(svc, capsys, "list", "--has-error", "--limit", "1")
@@ -102,8 +108,9 @@ def test_download_and_delete(svc: LocalTracesService, capsys: pytest.CaptureFixt
     assert [t["trace_id"] for t in json.loads(out)["items"]] == ["t-3"]
 
 
-def test_errors_are_one_line_on_stderr(svc: LocalTracesService, capsys: pytest.CaptureFixture[str],
-                                       tmp_path: Path) -> None:  # fmt: skip
+def test_errors_are_one_line_on_stderr(
+    svc: LocalTracesService, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     code, out, err = run(svc, capsys, "get", "missing")
     assert (code, out) == (1, "")
     assert err.count("\n") == 1 and err.startswith("prime-traces: ")
@@ -133,8 +140,9 @@ def test_no_key_fails_locally(svc: LocalTracesService, capsys: pytest.CaptureFix
     assert err.startswith("prime-traces: ") and "no API key" in err and err.count("\n") == 1
 
 
-def test_key_and_url_come_from_the_environment(svc: LocalTracesService, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_key_and_url_come_from_the_environment(
+    svc: LocalTracesService, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PRIME_API_KEY", KEY)
     monkeypatch.setenv("PRIME_TRACES_URL", svc.url + "/api/v1/")
     assert main(["get", "t-3", "--json"]) == 0
@@ -174,9 +182,9 @@ def test_upload_keeps_a_whole_last_line_without_its_newline(svc, capsys, tmp_pat
 # -- --json on every command, failures included -------------------------------------
 
 
-def test_download_and_the_deletes_print_one_json_document(svc: LocalTracesService,
-                                                          capsys: pytest.CaptureFixture[str],
-                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_download_and_the_deletes_print_one_json_document(
+    svc: LocalTracesService, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     dest = tmp_path / "t-1.json"
     code, out, err = run(svc, capsys, "download", "t-1", str(dest), "--json")
     assert (code, err) == (0, "")
@@ -190,14 +198,18 @@ def test_download_and_the_deletes_print_one_json_document(svc: LocalTracesServic
     assert json.loads(out) == {"deleted": "run", "run_id": "run-1"}
 
 
-@pytest.mark.parametrize("argv, code, status", [
-    (["get", "missing"], "trace_not_found", 404),
-    (["download", "missing", "DEST"], "trace_not_found", 404),
-    (["delete", "missing"], "trace_not_found", 404),
-    (["delete-run", "no-such-run"], "run_not_found", 404),
-    (["list", "--cursor", "not-a-cursor"], "invalid_cursor", 400),
-    (["upload", "no-such-file.jsonl"], None, None),
-], ids=["get", "download", "delete", "delete-run", "list", "upload"])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, code, status",
+    [
+        (["get", "missing"], "trace_not_found", 404),
+        (["download", "missing", "DEST"], "trace_not_found", 404),
+        (["delete", "missing"], "trace_not_found", 404),
+        (["delete-run", "no-such-run"], "run_not_found", 404),
+        (["list", "--cursor", "not-a-cursor"], "invalid_cursor", 400),
+        (["upload", "no-such-file.jsonl"], None, None),
+    ],
+    ids=["get", "download", "delete", "delete-run", "list", "upload"],
+)
 def test_a_failure_under_json_is_an_error_document_and_one_line_on_stderr(svc, capsys, tmp_path, argv, code, status):
     argv = [str(tmp_path / a) if a in ("DEST", "no-such-file.jsonl") else a for a in argv]
     exit_status, out, err = run(svc, capsys, *argv, "--json")
@@ -232,19 +244,22 @@ def refused(svc: LocalTracesService, capsys: pytest.CaptureFixture[str], *argv: 
     return out, err
 
 
-@pytest.mark.parametrize("argv, problem", [
-    (["list", "--limit", "0"], "argument --limit: must be between 1 and 100, not 0"),
-    (["list", "--limit", "101"], "argument --limit: must be between 1 and 100, not 101"),
-    (["list", "--limit", "ten"], "argument --limit: expected an integer, got 'ten'"),
-    (["list", "--created-after", "yesterday"], "argument --created-after: expected an ISO 8601 time"),
-    (["list", "--created-before", "2026-13-01T00:00:00Z"], "argument --created-before: expected an ISO 8601"),
-    (["list", "--reward-min", "0.9", "--reward-max", "0.1"], "--reward-min 0.9 is above --reward-max 0.1"),
-    (["list", "--reward-max", "nan"], "argument --reward-max: expected a finite number, got 'nan'"),
-    (["list", "--sort", "created_at desc"], "argument --sort: expected a sort key without blanks"),
-    (["list", "--sort", ""], "argument --sort: expected a sort key without blanks"),
-    (["delete", "t-1", "--created-at", "noon"], "argument --created-at: expected an ISO 8601 time"),
-    (["upload", "x.jsonl", "--max-in-flight", "9"], "argument --max-in-flight: must be between 1 and 8, not 9"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, problem",
+    [
+        (["list", "--limit", "0"], "argument --limit: must be between 1 and 100, not 0"),
+        (["list", "--limit", "101"], "argument --limit: must be between 1 and 100, not 101"),
+        (["list", "--limit", "ten"], "argument --limit: expected an integer, got 'ten'"),
+        (["list", "--created-after", "yesterday"], "argument --created-after: expected an ISO 8601 time"),
+        (["list", "--created-before", "2026-13-01T00:00:00Z"], "argument --created-before: expected an ISO 8601"),
+        (["list", "--reward-min", "0.9", "--reward-max", "0.1"], "--reward-min 0.9 is above --reward-max 0.1"),
+        (["list", "--reward-max", "nan"], "argument --reward-max: expected a finite number, got 'nan'"),
+        (["list", "--sort", "created_at desc"], "argument --sort: expected a sort key without blanks"),
+        (["list", "--sort", ""], "argument --sort: expected a sort key without blanks"),
+        (["delete", "t-1", "--created-at", "noon"], "argument --created-at: expected an ISO 8601 time"),
+        (["upload", "x.jsonl", "--max-in-flight", "9"], "argument --max-in-flight: must be between 1 and 8, not 9"),
+    ],
+)
 def test_bad_arguments_exit_2_before_any_request(svc, capsys, argv, problem):
     out, err = refused(svc, capsys, *argv)
     assert out == ""
@@ -259,9 +274,22 @@ def test_bad_arguments_exit_2_before_any_request(svc, capsys, argv, problem):
 
 
 def test_arguments_that_pass_the_local_checks_reach_the_service(svc, capsys):
-    code, out, err = run(svc, capsys, "list", "--created-after", "2020-01-01T00:00:00Z", "--created-before",
-                         "2100-01-01T00:00:00+00:00", "--reward-min", "0.5", "--reward-max", "0.5",
-                         "--limit", "100", "--json")  # fmt: skip
+    code, out, err = run(
+        svc,
+        capsys,
+        "list",
+        "--created-after",
+        "2020-01-01T00:00:00Z",
+        "--created-before",
+        "2100-01-01T00:00:00+00:00",
+        "--reward-min",
+        "0.5",
+        "--reward-max",
+        "0.5",
+        "--limit",
+        "100",
+        "--json",
+    )
     assert (code, err) == (0, "")
     assert [t["trace_id"] for t in json.loads(out)["items"]] == ["t-1"]
 

@@ -53,8 +53,9 @@ def svc(tmp_path: Path) -> Iterator[LocalTracesService]:
         traces = [make_trace(f"t-{i}", start=now - 100 + i, run_id="run-1") for i in range(100)]
         resp = upload(service.url, traces, context={"pad": "x" * 4000}, token=KEY)
         assert resp.status_code == 201, resp.text
-        resp = upload(service.url, [make_trace("big", start=now, text="y" * 1_000_000),
-                                    make_trace("small", start=now)], token=KEY)  # fmt: skip
+        resp = upload(
+            service.url, [make_trace("big", start=now, text="y" * 1_000_000), make_trace("small", start=now)], token=KEY
+        )
         assert resp.status_code == 201, resp.text
         yield service
 
@@ -64,8 +65,12 @@ def connection(svc: LocalTracesService) -> list[str]:
 
 
 def run_traces(svc: LocalTracesService) -> list[str]:
-    resp = requests.get(f"{svc.url}/api/v1/traces", params={"run_id": "run-1", "limit": 100},
-                        headers={"Authorization": f"Bearer {KEY}"}, timeout=WAIT_S)  # fmt: skip
+    resp = requests.get(
+        f"{svc.url}/api/v1/traces",
+        params={"run_id": "run-1", "limit": 100},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=WAIT_S,
+    )
     assert resp.status_code == 200, resp.text
     return [item["trace_id"] for item in resp.json()["items"]]
 
@@ -88,10 +93,14 @@ def read_a_little_then_close(argv: list[str]) -> tuple[bytes, int, bytes]:
 # -- a reader that stops early ------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, size_url", [
-    (["list", "--run-id", "run-1", "--limit", "100", "--json"], "/api/v1/traces?run_id=run-1&limit=100"),
-    (["get", "big", "--raw"], "/api/v1/traces/big?raw=true"),
-], ids=["list", "get-raw"])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, size_url",
+    [
+        (["list", "--run-id", "run-1", "--limit", "100", "--json"], "/api/v1/traces?run_id=run-1&limit=100"),
+        (["get", "big", "--raw"], "/api/v1/traces/big?raw=true"),
+    ],
+    ids=["list", "get-raw"],
+)
 def test_prime_traces_into_a_reader_that_stops_early_ends_quietly(svc, argv, size_url):
     whole = requests.get(svc.url + size_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=WAIT_S)
     assert len(whole.content) > 4 * PIPE_BUFFER_BYTES  # the command cannot finish before the reader goes
@@ -105,29 +114,39 @@ def test_prime_traces_into_a_reader_that_stops_early_ends_quietly(svc, argv, siz
 def test_prime_runs_ls_into_a_reader_that_stops_early_ends_quietly(tmp_path, json_option):
     root = tmp_path / "runs"
     for i in range(300):
-        RunDirectory(str(root / f"run-{i:03d}")).write_run({"id": f"run-{i:03d}", "name": f"{i}-" + "n" * 1000,
-                                                             "status": "completed"})  # fmt: skip
+        RunDirectory(str(root / f"run-{i:03d}")).write_run(
+            {"id": f"run-{i:03d}", "name": f"{i}-" + "n" * 1000, "status": "completed"}
+        )
     first, status, err = read_a_little_then_close([*PRIME_RUNS, "ls", str(root), *json_option])
     assert first.startswith(b"[" if json_option else b"NAME ")
     assert (err, status) == (b"", 141)
 
 
-@pytest.mark.parametrize("command", [
-    ["prime-traces", "get", "small", "--json"], ["prime-traces", "--version"], ["prime-runs", "ls", "RUNS"],
-], ids=["get", "version", "ls"])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["prime-traces", "get", "small", "--json"],
+        ["prime-traces", "--version"],
+        ["prime-runs", "ls", "RUNS"],
+    ],
+    ids=["get", "version", "ls"],
+)
 def test_a_reader_gone_before_the_first_byte_ends_it_quietly_too(svc, tmp_path, command):
     # The output is small, so it is still in stdout's buffer when the command
     # ends: the flush then fails, and so would Python's own flush at exit.
     RunDirectory(str(tmp_path / "runs" / "run-0")).write_run({"id": "run-0", "status": "completed"})
     program, *words = command
-    argv = [*(PRIME_TRACES if program == "prime-traces" else PRIME_RUNS),
-            *(str(tmp_path / "runs") if w == "RUNS" else w for w in words),
-            *(connection(svc) if words[0] == "get" else [])]  # fmt: skip
+    argv = [
+        *(PRIME_TRACES if program == "prime-traces" else PRIME_RUNS),
+        *(str(tmp_path / "runs") if w == "RUNS" else w for w in words),
+        *(connection(svc) if words[0] == "get" else []),
+    ]
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        done = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, stdout=write_end, stderr=subprocess.PIPE,
-                              timeout=WAIT_S)  # fmt: skip
+        done = subprocess.run(
+            argv, check=False, stdin=subprocess.DEVNULL, stdout=write_end, stderr=subprocess.PIPE, timeout=WAIT_S
+        )
     finally:
         os.close(write_end)
     assert (done.stderr, done.returncode) == (b"", 141)
@@ -136,20 +155,28 @@ def test_a_reader_gone_before_the_first_byte_ends_it_quietly_too(svc, tmp_path, 
 # -- delete-run asks a person at a terminal -----------------------------------------
 
 
-@pytest.mark.parametrize("stdin, answer, yes, deleted", [
-    ("terminal", b"n\n", False, False),
-    ("terminal", b"\n", False, False),
-    ("terminal", b"yes\n", False, True),
-    ("terminal", b"", True, True),
-    ("pipe", b"", False, True),
-], ids=["no", "enter", "yes", "--yes", "script"])  # fmt: skip
+@pytest.mark.parametrize(
+    "stdin, answer, yes, deleted",
+    [
+        ("terminal", b"n\n", False, False),
+        ("terminal", b"\n", False, False),
+        ("terminal", b"yes\n", False, True),
+        ("terminal", b"", True, True),
+        ("pipe", b"", False, True),
+    ],
+    ids=["no", "enter", "yes", "--yes", "script"],
+)
 def test_delete_run_asks_first_on_a_terminal(svc, stdin, answer, yes, deleted):
     argv = [*PRIME_TRACES, "delete-run", "run-1", *(["--yes"] if yes else []), *connection(svc)]
     before = svc.stats()["requests"]
     master, slave = pty.openpty() if stdin == "terminal" else (None, None)
     try:
-        proc = subprocess.Popen(argv, stdin=slave if slave is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            stdin=slave if slave is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         if slave is not None:
             os.close(slave)
             slave = None
@@ -180,8 +207,9 @@ def test_log_level_reaches_the_log_of_a_client_command(svc):
     argv = ["get", "t-1", "--json", *connection(svc)]
     quiet = subprocess.run([*PRIME_TRACES, *argv], check=False, capture_output=True, timeout=WAIT_S)
     assert (quiet.returncode, quiet.stderr) == (0, b"")
-    chatty = subprocess.run([*PRIME_TRACES, "--log-level", "debug", *argv], check=False,
-                            capture_output=True, timeout=WAIT_S)  # fmt: skip
+    chatty = subprocess.run(
+        [*PRIME_TRACES, "--log-level", "debug", *argv], check=False, capture_output=True, timeout=WAIT_S
+    )
     assert chatty.returncode == 0 and orjson.loads(chatty.stdout)["trace_id"] == "t-1"
     assert b" DEBUG urllib3.connectionpool: " in chatty.stderr and KEY.encode() not in chatty.stderr
 
@@ -192,8 +220,9 @@ def test_log_level_reaches_the_log_of_a_client_command(svc):
 def test_prime_traces_upload_of_a_file_commits_it_and_running_it_again_replays(svc, tmp_path):
     now = time.time()
     path = tmp_path / "up.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(make_trace(f"up-{i}", start=now, run_id="run-up")) + b"\n"
-                              for i in range(5)))  # fmt: skip
+    path.write_bytes(
+        b"".join(orjson.dumps(make_trace(f"up-{i}", start=now, run_id="run-up")) + b"\n" for i in range(5))
+    )
     argv = [*PRIME_TRACES, "upload", str(path), "--context", "source=cli-process", "--json", *connection(svc)]
     first = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT_S)
     assert (first.returncode, first.stderr) == (0, b"")

@@ -75,8 +75,9 @@ def test_create_run_without_an_id_gets_one(client: TracesClient) -> None:
     assert made["id"] and client.get_run(made["id"]).kind == "train"
 
 
-def test_create_run_refuses_an_unknown_kind_before_any_request(service: LocalTracesService,
-                                                                client: TracesClient) -> None:  # fmt: skip
+def test_create_run_refuses_an_unknown_kind_before_any_request(
+    service: LocalTracesService, client: TracesClient
+) -> None:
     before = _requests(service)
     with pytest.raises(ValueError, match="kind must be one of train, eval, not 'rl'"):
         client.create_run("r", kind="rl")
@@ -89,8 +90,9 @@ def test_create_run_refuses_an_unknown_kind_before_any_request(service: LocalTra
 def test_update_run_merges_config_and_summary_then_finishes(client: TracesClient) -> None:
     client.create_run("r", config={"lr": 1, "seed": 0}, run_id="run-u")
     client.update_run("run-u", config={"lr": 2}, summary={"loss": 0.5})
-    answer = client.update_run("run-u", config={"batch": 8}, summary={"acc": 0.9}, status="failed",
-                               error="CUDA out of memory")  # fmt: skip
+    answer = client.update_run(
+        "run-u", config={"batch": 8}, summary={"acc": 0.9}, status="failed", error="CUDA out of memory"
+    )
     assert answer["status"] == "failed"
     run = client.get_run("run-u")
     assert run.config == {"lr": 2, "seed": 0, "batch": 8}
@@ -123,16 +125,14 @@ def test_another_status_for_a_finished_run_is_run_finished_error(client: TracesC
 
 def test_update_run_sends_numpy_scalars_int_keys_and_other_objects(client: TracesClient) -> None:
     client.create_run("r", run_id="run-np")
-    config = {"lr": np.float32(0.25), "layers": np.int64(12), 3: "three", "shape": np.arange(3),
-              "tags": {"only"}}  # fmt: skip
+    config = {"lr": np.float32(0.25), "layers": np.int64(12), 3: "three", "shape": np.arange(3), "tags": {"only"}}
     client.update_run("run-np", config=config, summary={"best": np.float64(0.5)}, status="completed")
     run = client.get_run("run-np")
     assert run.config == {"lr": 0.25, "layers": 12, "3": "three", "shape": [0, 1, 2], "tags": "{'only'}"}
     assert (run.summary, run.status) == ({"best": 0.5}, "completed")
 
 
-def test_update_run_refuses_a_bad_status_before_any_request(service: LocalTracesService,
-                                                            client: TracesClient) -> None:  # fmt: skip
+def test_update_run_refuses_a_bad_status_before_any_request(service: LocalTracesService, client: TracesClient) -> None:
     client.create_run("r", run_id="run-v")
     before = _requests(service)
     with pytest.raises(ValueError, match="status must be one of completed, failed, cancelled, crashed, not 'done'"):
@@ -157,15 +157,21 @@ def test_update_run_of_an_unknown_run_is_not_found(client: TracesClient) -> None
 def test_post_metrics_stores_rows_that_list_metrics_reads(client: TracesClient) -> None:
     client.create_run("r", run_id="run-m")
     now = time.time()
-    rows = [{"step": step, "time": now + step, "metrics": {"loss": 1.0 / (step + 1), "train/acc": step / 10}}
-            for step in range(5)]  # fmt: skip
+    rows = [
+        {"step": step, "time": now + step, "metrics": {"loss": 1.0 / (step + 1), "train/acc": step / 10}}
+        for step in range(5)
+    ]
     rows[4]["metrics"]["loss"] = "NaN"
     assert client.post_metrics("run-m", rows) == {"accepted": 5}
     assert client.post_metrics("run-m", rows[:2]) == {"accepted": 2}  # a replay changes nothing
     page = client.list_metrics("run-m", names=["loss"])
     assert [(row.step, row.metrics) for row in page.rows] == [
-        (0, {"loss": 1.0}), (1, {"loss": 0.5}), (2, {"loss": 1 / 3}), (3, {"loss": 0.25}), (4, {"loss": "NaN"}),
-    ]  # fmt: skip
+        (0, {"loss": 1.0}),
+        (1, {"loss": 0.5}),
+        (2, {"loss": 1 / 3}),
+        (3, {"loss": 0.25}),
+        (4, {"loss": "NaN"}),
+    ]
     assert [row.step for row in client.iter_metrics("run-m", names="train/acc", limit=2)] == [0, 1, 2, 3, 4]
     assert client.get_run("run-m").metrics["train/acc"]["last"] == 0.4
 
@@ -214,8 +220,9 @@ def test_ping_refuses_a_timeout_that_is_not_positive(client: TracesClient) -> No
 # -- which 409 is which -----------------------------------------------------------------
 
 
-def test_a_409_from_the_trace_endpoints_stays_a_line_format_conflict(service: LocalTracesService,
-                                                                     client: TracesClient) -> None:  # fmt: skip
+def test_a_409_from_the_trace_endpoints_stays_a_line_format_conflict(
+    service: LocalTracesService, client: TracesClient
+) -> None:
     line = orjson.dumps(make_trace("t-1", run_id="run-c"))
     client.upload_lines([line])
     with pytest.raises(UploadError) as info:
@@ -235,13 +242,15 @@ def test_any_409_from_the_run_endpoints_is_run_finished_error() -> None:
     # The local service always sends the code; the contract makes any 409 of a run endpoint this error.
     bare = _answer("PATCH", "https://example.test/prefix/api/v1/runs/r-1", 409, {"detail": "conflict"})
     assert type(error_from_response(bare)) is RunFinishedError
-    coded = _answer("POST", "https://example.test/api/v1/traces", 409,
-                    {"error": {"code": "run_finished", "message": "m"}})  # fmt: skip
+    coded = _answer(
+        "POST", "https://example.test/api/v1/traces", 409, {"error": {"code": "run_finished", "message": "m"}}
+    )
     assert type(error_from_response(coded)) is RunFinishedError
     conflict = _answer("POST", "https://example.test/api/v1/traces", 409, {"error": {"code": "line_format_conflict"}})
     assert type(error_from_response(conflict)) is LineFormatConflictError
-    unindexed = _answer("GET", "https://example.test/api/v1/runs/r-1/search", 409,
-                        {"error": {"code": "trace_not_indexed"}})  # fmt: skip
+    unindexed = _answer(
+        "GET", "https://example.test/api/v1/runs/r-1/search", 409, {"error": {"code": "trace_not_indexed"}}
+    )
     assert type(error_from_response(unindexed)) is APIError
 
 

@@ -78,10 +78,14 @@ def test_second_upload_of_the_same_lines_is_all_replays(service):
 )
 def test_same_records_give_same_batches_and_keys(service, docs, target):
     # Prefixed keys never collide with the fields the service validates.
-    records = [{**{f"x_{k}": v for k, v in doc.items()}, "id": f"h-{i}", "timing": {"start": NOW}}
-               for i, doc in enumerate(docs)]
-    expected = [b.key.removeprefix("sha256:") for b in
-                iter_batches([encode_record(r, i) for i, r in enumerate(records)], target_batch_bytes=target)]  # fmt: skip
+    records = [
+        {**{f"x_{k}": v for k, v in doc.items()}, "id": f"h-{i}", "timing": {"start": NOW}}
+        for i, doc in enumerate(docs)
+    ]
+    expected = [
+        b.key.removeprefix("sha256:")
+        for b in iter_batches([encode_record(r, i) for i, r in enumerate(records)], target_batch_bytes=target)
+    ]
     with client_for(service) as client:
         first = client.upload_records(records, target_batch_bytes=target)
         replays = service.stats()["replays"]
@@ -139,8 +143,9 @@ def test_the_service_never_sees_more_than_max_in_flight(tmp_path):
     # machine; a third one sent early would be counted by the service.
     gate = threading.Barrier(2)
     gated = threading.Event()
-    with LocalTracesService(tmp_path / "db", latency_ms=30,
-                            before_upload=lambda: gated.is_set() and gate.wait(timeout=20)) as svc:  # fmt: skip
+    with LocalTracesService(
+        tmp_path / "db", latency_ms=30, before_upload=lambda: gated.is_set() and gate.wait(timeout=20)
+    ) as svc:
         with client_for(svc, max_in_flight=2, compression="gzip") as client:
             warm(client)
             gated.set()
@@ -231,8 +236,9 @@ def test_retry_after_is_honoured_with_the_same_bytes_and_key(tmp_path):
     waits: list[float] = []
     keys: list[str] = []
     (batch,) = iter_batches(lines_of(3))
-    with LocalTracesService(tmp_path / "db", fail_count=2, fail_status=429, fail_retry_after_s=7,
-                            on_upload=keys.append) as svc:  # fmt: skip
+    with LocalTracesService(
+        tmp_path / "db", fail_count=2, fail_status=429, fail_retry_after_s=7, on_upload=keys.append
+    ) as svc:
         with client_for(svc, _sleep=waits.append) as client:
             receipts = client.upload_lines(lines_of(3))
         stats = svc.stats()
@@ -430,8 +436,12 @@ def test_a_process_whose_uploads_hang_exits_promptly_when_main_returns(tmp_path)
             print("main returns", flush=True)
             """
         )
-        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
         try:
             assert proc.stdout.readline().strip() == "main returns"
             started = time.monotonic()

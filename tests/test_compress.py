@@ -18,9 +18,7 @@ from prime_traces._compress import (
     content_encoding_header,
 )
 
-BODY = b"".join(
-    b'{"id": "t-%d", "nodes": [{"role": "user", "content": "hi"}]}\n' % i for i in range(2000)
-)
+BODY = b"".join(b'{"id": "t-%d", "nodes": [{"role": "user", "content": "hi"}]}\n' % i for i in range(2000))
 
 
 def test_levels():
@@ -132,9 +130,7 @@ def test_auto_falls_back_to_gzip_when_zstd_is_refused():
     assert selector.current() == "gzip"
 
 
-@pytest.mark.parametrize(
-    ("compression", "expected"), [("gzip", "gzip"), ("zstd", "zstd"), ("none", "identity")]
-)
+@pytest.mark.parametrize(("compression", "expected"), [("gzip", "gzip"), ("zstd", "zstd"), ("none", "identity")])
 def test_fixed_modes_ignore_advertisements(compression, expected):
     selector = CodingSelector(compression)
     assert selector.current() == expected

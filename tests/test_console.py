@@ -46,8 +46,10 @@ def _bad(kind: str) -> tuple[Any, str]:
     if kind == "bytes":
         return episode("ep-bad", [trace("t-bytes", info={"raw": b"\x00"})]), "traces[0].info.raw is bytes"
     if kind == "int-key":
-        return (episode("ep-bad", [trace("t-key", info={"by_step": {3: 1.0}})]),
-                "traces[0].info.by_step has the key 3 (int); JSON keys must be strings")  # fmt: skip
+        return (
+            episode("ep-bad", [trace("t-key", info={"by_step": {3: 1.0}})]),
+            "traces[0].info.by_step has the key 3 (int); JSON keys must be strings",
+        )
     if kind == "oversized":
         return episode("ep-bad", [trace("t-big", info={"blob": "x" * 5000})]), "bytes encoded, over the limit of 4000"
     assert kind == "to_record"
@@ -55,8 +57,7 @@ def _bad(kind: str) -> tuple[Any, str]:
 
 
 @pytest.mark.parametrize("kind", ["nan", "set", "bytes", "int-key", "oversized", "to_record"])
-def test_each_bad_value_gets_one_line_naming_the_record_call_position_and_path(service, capsys, monkeypatch,
-                                                                               kind):  # fmt: skip
+def test_each_bad_value_gets_one_line_naming_the_record_call_position_and_path(service, capsys, monkeypatch, kind):
     monkeypatch.setattr(_encoding, "MAX_LINE_BYTES", 4000)
     bad, cause = _bad(kind)
     run = online(service, console="on", on_error="raise")
@@ -152,20 +153,23 @@ def test_logging_configuration_can_silence_the_console(service, capsys):
     assert capsys.readouterr().err == ""
 
 
-def _producer(service_url: str, root: Path, *args: str, env: dict[str, str] | None = None,
-              **popen: Any) -> subprocess.Popen[str]:  # fmt: skip
+def _producer(
+    service_url: str, root: Path, *args: str, env: dict[str, str] | None = None, **popen: Any
+) -> subprocess.Popen[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "RANK"))}
     environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])
     environ.update(env or {})
-    return subprocess.Popen([sys.executable, str(PRODUCER), service_url, str(root), *args], env=environ,
-                            text=True, **popen)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(PRODUCER), service_url, str(root), *args], env=environ, text=True, **popen
+    )
 
 
 def test_a_script_with_no_logging_set_up_hears_about_a_hung_service(tmp_path):
     with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
         url = hung.url
-        proc = _producer(url, tmp_path / "runs", "--finish-timeout", "2", stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)  # fmt: skip
+        proc = _producer(
+            url, tmp_path / "runs", "--finish-timeout", "2", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
     assert proc.returncode == 0, err
     lines = console_lines(err)
@@ -173,8 +177,10 @@ def test_a_script_with_no_logging_set_up_hears_about_a_hung_service(tmp_path):
     run_id = out.split()[-1]
     where = str(tmp_path / "runs" / run_id)
     assert lines[0].startswith(f"{PREFIX}logging run 'console-producer' (id {run_id}) to {url}")
-    assert any("not stored, invalid_record: record 'p-bad' (log_episodes call 2, item 1): traces[0].info.score is NaN"
-               in line for line in lines), err  # fmt: skip
+    assert any(
+        "not stored, invalid_record: record 'p-bad' (log_episodes call 2, item 1): traces[0].info.score is NaN" in line
+        for line in lines
+    ), err
     summary = [line for line in lines if f"(id {run_id}) completed in" in line]
     assert summary and "0 of 21 records stored" in summary[0], err
     assert f"{PREFIX}  20 not delivered (deadline 20) are kept in {where}" in lines, err
@@ -184,8 +190,15 @@ def test_a_script_with_no_logging_set_up_hears_about_a_hung_service(tmp_path):
 
 def test_console_off_leaves_stderr_empty(tmp_path):
     with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
-        proc = _producer(hung.url, tmp_path / "runs", "--finish-timeout", "2", env={"PRIME_RUNS_CONSOLE": "off"},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        proc = _producer(
+            hung.url,
+            tmp_path / "runs",
+            "--finish-timeout",
+            "2",
+            env={"PRIME_RUNS_CONSOLE": "off"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         _out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
     assert proc.returncode == 0
     assert err == ""

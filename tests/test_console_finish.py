@@ -43,8 +43,15 @@ def _read_until(stream: Any, marker: str, seen: list[str]) -> str:
 
 def test_ctrl_c_twice_during_a_hung_finish_keeps_the_records_and_ends_by_sigint(tmp_path):
     with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
-        proc = _start(hung.url, tmp_path / "runs", "--finish-timeout", "120", stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = _start(
+            hung.url,
+            tmp_path / "runs",
+            "--finish-timeout",
+            "120",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         seen: list[str] = []
         try:
             run_id = re.search(r"\(id (\S+)\)", _read_until(proc.stderr, "logging run", seen)).group(1)
@@ -97,8 +104,15 @@ def test_a_terminal_sees_the_progress_redrawn_in_place(tmp_path):
 
 def test_a_pipe_gets_plain_progress_lines(tmp_path):
     with LocalTracesService(tmp_path / "db", hang_uploads=True) as hung:
-        proc = _start(hung.url, tmp_path / "runs", "--finish-timeout", "3", stdout=subprocess.DEVNULL,
-                      stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = _start(
+            hung.url,
+            tmp_path / "runs",
+            "--finish-timeout",
+            "3",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         _out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
     assert "\r" not in err and "\x1b" not in err
     progress = [line for line in err.splitlines() if line.startswith(PREFIX + "finishing: ")]

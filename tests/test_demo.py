@@ -8,8 +8,9 @@ from prime_runs.cli import main
 
 
 def test_demo_logs_finishes_and_reads_back_every_episode(tmp_path, capsys):
-    code = main(["demo", "--steps", "3", "--episodes-per-step", "4", "--episode-kb", "20",
-                 "--keep", str(tmp_path / "demo")])  # fmt: skip
+    code = main(
+        ["demo", "--steps", "3", "--episodes-per-step", "4", "--episode-kb", "20", "--keep", str(tmp_path / "demo")]
+    )
     captured = capsys.readouterr()
     out = captured.out
     assert code == 0, out

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 import pytest
-
 from _run_helpers import local_records
 from _wire import episode, jsonl, post_upload, trace
+
 from prime_runs._accounting import Accounting
 from prime_runs._disk_sink import DiskSink
 from prime_runs._encoding import RunStamp
@@ -148,7 +148,9 @@ def test_a_record_the_service_would_refuse_is_set_aside_with_the_services_own_wo
         answer = post_upload(svc.url, jsonl([stamped]), line_format="episode").json()["error"]
     assert (kept["code"], kept["reason"]) == (answer["code"], f"rejected:{answer['code']}")
     assert counts(accounting)["failed"] == {kept["reason"]: 1}
-    named = f"record {record['id']!r} (item 1 of the write)" if record.get("id") else "the record at item 1 of the write"
+    named = (
+        f"record {record['id']!r} (item 1 of the write)" if record.get("id") else "the record at item 1 of the write"
+    )
     assert kept["message"] == f"{named}: {answer['message'].removeprefix('line 1: ')}"
     assert accounting.unaccounted("offline") == 0
 

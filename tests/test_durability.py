@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _run_helpers import KEY, REPO, episodes, isolated, local_records, online, stored_episodes  # noqa: F401
+
 from prime_runs import cli
 from prime_runs._rundir import RunDirectory
 from prime_runs._worker import ACCOUNTING_GRACE_S
@@ -45,8 +45,9 @@ def test_kill_9_of_an_offline_producer_at_random_points_loses_no_confirmed_recor
     confirmed: list[str] = []
     rng = random.Random(20261201)
     for seed in range(10):
-        proc = subprocess.Popen([sys.executable, PRODUCER, str(seed), "--dir", str(root)],
-                                stdout=subprocess.PIPE, text=True, env=_env())  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, PRODUCER, str(seed), "--dir", str(root)], stdout=subprocess.PIPE, text=True, env=_env()
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         # Killed at a random moment: mid-encode, mid-write, mid-fsync or between writes.
         time.sleep(rng.uniform(0.05, 0.6))
@@ -93,8 +94,12 @@ def test_a_service_that_hangs_at_finish_loses_nothing(isolated, tmp_path):
 
 
 def _serve(db: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "prime_traces.cli", "serve", "--db", str(db)],
-                            stdout=subprocess.PIPE, text=True, env=_env())  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prime_traces.cli", "serve", "--db", str(db)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     assert line.startswith("listening on "), line
@@ -136,8 +141,9 @@ def test_a_refused_key_keeps_the_run_for_a_sync_with_the_right_one(isolated, tmp
         import prime_runs
 
         # The run is created with its key, then the service's key is rotated under it.
-        run = prime_runs.init("rotated", api_key="the-real-key", base_url=svc.url, dir=isolated / "runs",
-                              handle_signals=False)  # fmt: skip
+        run = prime_runs.init(
+            "rotated", api_key="the-real-key", base_url=svc.url, dir=isolated / "runs", handle_signals=False
+        )
         svc.state.api_key = "the-new-key"
         logged = episodes("r", 40)
         assert run.log_episodes(logged)
@@ -185,8 +191,15 @@ run.finish()
 
 def test_two_processes_logging_to_one_run_directory_never_interleave(isolated):
     root = isolated / "runs"
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER.format(tests=str(REPO / "tests")), str(root), who],
-                              env=_env(), stderr=subprocess.PIPE, text=True) for who in ("a", "b")]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER.format(tests=str(REPO / "tests")), str(root), who],
+            env=_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for who in ("a", "b")
+    ]
     for proc in procs:
         _out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 import collections
+import re
 import sys
 from pathlib import Path
 from unittest import mock
@@ -20,7 +19,7 @@ from prime_traces import _encode
 from prime_traces._encode import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
-from workload import generate_episode  # noqa: E402
+from workload import generate_episode
 
 NOW = 1_750_000_000.0
 OPT = orjson.OPT_SERIALIZE_NUMPY
@@ -156,7 +155,9 @@ def test_large_workload_episode_is_byte_identical_through_both_paths():
 )
 def test_nan_and_infinity_are_refused_naming_the_record(encoder, value):
     record = {"id": "t-1", "calls": [{"logprobs": value}]}
-    with pytest.raises(ValueError, match=r"^record 4: calls\[0\]\.logprobs.* is (NaN|-?Infinity); NaN and Infinity are not JSON$"):
+    with pytest.raises(
+        ValueError, match=r"^record 4: calls\[0\]\.logprobs.* is (NaN|-?Infinity); NaN and Infinity are not JSON$"
+    ):
         encoder.encode(record, 4)
     with tiny_limits(), pytest.raises(ValueError, match=r"^record 4: "):
         encoder.encode(record, 4)
@@ -205,7 +206,10 @@ def test_a_cycle_is_a_type_error_on_both_paths():
     record: dict = {"id": "t-1"}
     record["self"] = record
     for encoder in (RecordEncoder(), RecordEncoder(chunk_threshold_bytes=0, piece_bytes=64)):
-        with pytest.raises(TypeError, match=r"^record 0: self\.self\..* is nested deeper than 254 levels \(does the record contain itself\?\)$"):
+        with pytest.raises(
+            TypeError,
+            match=r"^record 0: self\.self\..* is nested deeper than 254 levels \(does the record contain itself\?\)$",
+        ):
             encoder.encode(record, 0)
 
 
@@ -227,7 +231,7 @@ def test_numpy_arrays_encode_like_lists():
 
 
 def test_a_huge_string_is_split_between_pieces(monkeypatch):
-    text = ("naïve café 数据 🚀 \"quoted\"\n\u0001 " * 40_000)[:1_000_003]
+    text = ('naïve café 数据 🚀 "quoted"\n\u0001 ' * 40_000)[:1_000_003]
     record = {"id": "t-1", "nodes": [{"message": {"role": "tool", "content": text}}]}
     pieces: list[int] = []
     real_emit = _encode._Chunker._emit

@@ -25,8 +25,9 @@ from _wire import episode, trace
 
 from prime_runs import _encoding
 from prime_runs._encoding import RunStamp
-from prime_traces import MAX_LINE_BYTES, TracesClient
+from prime_traces import TracesClient
 from prime_traces._encode import encode_record
+from prime_traces.encoding import MAX_LINE_BYTES
 
 
 class _Raises:
@@ -175,8 +176,12 @@ class _OwnJson:
 
 def test_to_json_records_are_stamped_with_the_run_and_stored_as_their_bytes_say(service):
     docs = [episode(f"j{i}", [trace(f"j{i}-t{k}", info={"k": k}) for k in range(2)]) for i in range(2)]
-    records = [_OwnJson(orjson.dumps(docs[0])), _OwnJson(b'{"id": "torn", "traces": ['),
-               _OwnJson(orjson.dumps(docs[1]).decode()), _OwnJson(ValueError("serialiser broke"))]  # fmt: skip
+    records = [
+        _OwnJson(orjson.dumps(docs[0])),
+        _OwnJson(b'{"id": "torn", "traces": ['),
+        _OwnJson(orjson.dumps(docs[1]).decode()),
+        _OwnJson(ValueError("serialiser broke")),
+    ]
     run = online(service, console="off")
     assert run.log_episodes(records)
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
@@ -189,7 +194,8 @@ def test_to_json_records_are_stamped_with_the_run_and_stored_as_their_bytes_say(
     for doc in docs:
         assert envelopes[doc["id"]]["run"] == stamp
         assert {k: v for k, v in envelopes[doc["id"]].items() if k not in ("run", "traces")} == {
-            k: v for k, v in doc.items() if k not in ("run", "traces")}  # fmt: skip
+            k: v for k, v in doc.items() if k not in ("run", "traces")
+        }
         for member in doc["traces"]:
             assert members[member["id"]] == {**member, "run": {**member["run"], **stamp}}
     counts = run.stats()["sinks"]["traces"]

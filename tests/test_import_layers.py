@@ -153,23 +153,29 @@ def _write(root: Path, files: dict[str, str]) -> None:
     ],
 )
 def test_a_cycle_is_found_and_named(tmp_path, back_import):
-    _write(tmp_path / "pkg", {
-        "__init__.py": "from pkg.sub import _high\n",
-        "sub/__init__.py": "",
-        "sub/_low.py": "VALUE = 1\nimport pkg.sub._mid\n",
-        "sub/_mid.py": back_import,
-        "sub/_high.py": "import os\nfrom pkg.sub._low import VALUE\n",
-    })  # fmt: skip
+    _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "from pkg.sub import _high\n",
+            "sub/__init__.py": "",
+            "sub/_low.py": "VALUE = 1\nimport pkg.sub._mid\n",
+            "sub/_mid.py": back_import,
+            "sub/_high.py": "import os\nfrom pkg.sub._low import VALUE\n",
+        },
+    )
     graph = import_graph(modules_of(tmp_path / "pkg", "pkg"))
     assert cycles(graph) == [["pkg.sub._high", "pkg.sub._low", "pkg.sub._mid", "pkg.sub._high"]]
 
 
 def test_layers_without_a_cycle_pass(tmp_path):
-    _write(tmp_path / "pkg", {
-        "__init__.py": "from pkg._high import run\n",
-        "_low.py": "VALUE = 1\n",
-        "_high.py": "from pkg import _low\nfrom pkg._low import VALUE\ndef run():\n    from pkg import _low\n",
-    })  # fmt: skip
+    _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "from pkg._high import run\n",
+            "_low.py": "VALUE = 1\n",
+            "_high.py": "from pkg import _low\nfrom pkg._low import VALUE\ndef run():\n    from pkg import _low\n",
+        },
+    )
     graph = import_graph(modules_of(tmp_path / "pkg", "pkg"))
     assert graph["pkg"] == {"pkg._high"}
     assert cycles(graph) == []

@@ -60,23 +60,50 @@ def test_rows_arrive_long_before_large_episodes_against_a_slow_service(tmp_path)
 
 def test_the_shapes_training_code_logs_arrive_as_numbers_and_names(service, capsys):
     run = online(service, console="on")
-    run.log({"train": {"loss": np.float32(0.25), "tokens": np.int64(7)}, 3: 1.0, "grad": _TorchLike(0.5),
-             "diverged": float("nan"), "up": float("inf"), "hist": [1, 2], "flag": True}, step=0)  # fmt: skip
+    run.log(
+        {
+            "train": {"loss": np.float32(0.25), "tokens": np.int64(7)},
+            3: 1.0,
+            "grad": _TorchLike(0.5),
+            "diverged": float("nan"),
+            "up": float("inf"),
+            "hist": [1, 2],
+            "flag": True,
+        },
+        step=0,
+    )
     run.log({"reward": 1.0}, step=5)
     run.log({"reward": 2.0}, step=5)  # the same step again: the later value is kept
     run.log({"reward": 3.0})  # no step: the next one
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
     rows = rows_of(service.url, run.id)
     assert [(r.step, r.metrics) for r in rows] == [
-        (0, {"train/loss": 0.25, "train/tokens": 7, "3": 1.0, "grad": 0.5, "diverged": "NaN", "up": "Infinity",
-             "flag": True}),
+        (
+            0,
+            {
+                "train/loss": 0.25,
+                "train/tokens": 7,
+                "3": 1.0,
+                "grad": 0.5,
+                "diverged": "NaN",
+                "up": "Infinity",
+                "flag": True,
+            },
+        ),
         (5, {"reward": 2.0}),
         (6, {"reward": 3.0}),
-    ]  # fmt: skip
+    ]
     err = capsys.readouterr().err
     assert err.count("run.log(): hist (a list, not a scalar) is not logged; the rest of the row is") == 1
-    assert run.stats()["metrics"] == {"logged": 4, "stored": 4, "dropped": 0, "failed": 0, "spooled": 0,
-                                      "queued": 0, "last_error": None}  # fmt: skip
+    assert run.stats()["metrics"] == {
+        "logged": 4,
+        "stored": 4,
+        "dropped": 0,
+        "failed": 0,
+        "spooled": 0,
+        "queued": 0,
+        "last_error": None,
+    }
     # The summary's last values, NaN as the contract's string.
     assert run.summary["diverged"] == "NaN" and run.summary["reward"] == 3.0
 
@@ -99,19 +126,28 @@ def _same_run(run: prime_runs.Run) -> None:
 
 def test_an_offline_history_synced_equals_the_online_one(isolated, tmp_path):
     with LocalTracesService(tmp_path / "a.db") as first, LocalTracesService(tmp_path / "b.db") as second:
-        live = prime_runs.init("twin", api_key=KEY, base_url=first.url, handle_signals=False, console="off",
-                               id="twin-run")  # fmt: skip
+        live = prime_runs.init(
+            "twin", api_key=KEY, base_url=first.url, handle_signals=False, console="off", id="twin-run"
+        )
         _same_run(live)
         live.finish(timeout_s=FLUSH_TIMEOUT_S)
-        offline = prime_runs.init("twin", mode="offline", dir=isolated / "runs", handle_signals=False,
-                                  console="off", id="twin-run")  # fmt: skip
+        offline = prime_runs.init(
+            "twin", mode="offline", dir=isolated / "runs", handle_signals=False, console="off", id="twin-run"
+        )
         _same_run(offline)
         offline.finish(timeout_s=FLUSH_TIMEOUT_S)
         assert offline.stats()["metrics"]["stored"] == 201
         env = {"PRIME_API_KEY": KEY, "PATH": ""}
         for _ in range(2):  # a second sync sends the rows again: nothing changes
-            done = subprocess.run([sys.executable, "-m", "prime_runs.cli", "sync", str(offline.dir), "--base-url",
-                                   second.url], env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-m", "prime_runs.cli", "sync", str(offline.dir), "--base-url", second.url],
+                env=env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             assert done.returncode == 0, done.stderr
         online_rows = [r.to_dict() for r in rows_of(first.url, "twin-run")]
         synced_rows = [r.to_dict() for r in rows_of(second.url, "twin-run")]
@@ -170,8 +206,14 @@ def test_rows_not_sent_by_the_deadline_are_kept_for_the_sync(isolated, tmp_path,
     assert counts["logged"] == 50 and counts["queued"] == 0
     assert counts["spooled" if mode == "online" else "stored"] == 50, counts
     with LocalTracesService(tmp_path / "db") as back:
-        done = subprocess.run([sys.executable, "-m", "prime_runs.cli", "sync", str(run.dir), "--base-url", back.url],
-                              env={"PRIME_API_KEY": KEY, "PATH": ""}, cwd=REPO, capture_output=True, text=True,
-                              timeout=120, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "prime_runs.cli", "sync", str(run.dir), "--base-url", back.url],
+            env={"PRIME_API_KEY": KEY, "PATH": ""},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         assert [r.step for r in rows_of(back.url, run.id)] == list(range(50))

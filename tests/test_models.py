@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from prime_traces.errors import PrimeTracesError, ResponseFormatError
 from prime_traces._models import (
     EpisodeDetail,
     RunSummary,
@@ -16,6 +15,7 @@ from prime_traces._models import (
     TraceSummary,
     UploadReceipt,
 )
+from prime_traces.errors import PrimeTracesError, ResponseFormatError
 
 
 def trace_summary(**overrides: Any) -> dict[str, Any]:
@@ -47,10 +47,18 @@ def run_summary(**overrides: Any) -> dict[str, Any]:
         "first_trace_created_at": "2026-07-20T18:00:00Z",
         "last_trace_created_at": "2026-07-20T18:05:00Z",
         "last_trace_ingested_at": "2026-07-20T18:06:00Z",
-        "trace_count": 5, "episode_count": 0, "avg_reward": 0.5,
-        "step_min": 0, "step_max": 3, "step_count": 4, "has_error": False,
-        "first_user_id": None, "environment_ids": ["env-a"], "model_ids": [], "context": {"k": "v"},
-    }  # fmt: skip
+        "trace_count": 5,
+        "episode_count": 0,
+        "avg_reward": 0.5,
+        "step_min": 0,
+        "step_max": 3,
+        "step_count": 4,
+        "has_error": False,
+        "first_user_id": None,
+        "environment_ids": ["env-a"],
+        "model_ids": [],
+        "context": {"k": "v"},
+    }
     doc.update(overrides)
     return doc
 
@@ -155,10 +163,18 @@ def test_run_summary_lifecycle_fields_are_optional() -> None:
     assert (bare.name, bare.kind, bare.status, bare.config, bare.created_at) == (None,) * 5
     assert bare.environment_ids == ("env-a",)
     assert bare.extra == {"run_type": "eval"}
-    full = RunSummary.from_dict(run_summary(
-        name="sweep", kind="train", status="completed", config={"lr": 0.1}, summary={"acc": 1},
-        error=None, created_at="2026-07-20T17:59:00Z", finished_at="2026-07-20T18:07:00Z",
-    ))  # fmt: skip
+    full = RunSummary.from_dict(
+        run_summary(
+            name="sweep",
+            kind="train",
+            status="completed",
+            config={"lr": 0.1},
+            summary={"acc": 1},
+            error=None,
+            created_at="2026-07-20T17:59:00Z",
+            finished_at="2026-07-20T18:07:00Z",
+        )
+    )
     assert full.status == "completed" and full.config == {"lr": 0.1}
     assert full.finished_at == datetime(2026, 7, 20, 18, 7, tzinfo=UTC)
     with pytest.raises(ResponseFormatError, match="missing required field 'step_count'"):
@@ -167,17 +183,31 @@ def test_run_summary_lifecycle_fields_are_optional() -> None:
 
 def test_episode_detail_needs_its_aggregate() -> None:
     summary = {
-        "episode_id": "e-1", "upload_id": "u", "schema_version": 1,
-        "created_at": "2026-07-20T18:02:11Z", "ingested_at": "2026-07-20T18:02:12Z",
-        "run_id": None, "environment_id": "env", "outcome": None, "has_error": True,
+        "episode_id": "e-1",
+        "upload_id": "u",
+        "schema_version": 1,
+        "created_at": "2026-07-20T18:02:11Z",
+        "ingested_at": "2026-07-20T18:02:12Z",
+        "run_id": None,
+        "environment_id": "env",
+        "outcome": None,
+        "has_error": True,
         "error": {"type": "Timeout", "message": "took too long"},
-    }  # fmt: skip
+    }
     with pytest.raises(ResponseFormatError, match="EpisodeDetail: missing required field 'traces'"):
         EpisodeDetail.from_dict(summary)
-    detail = EpisodeDetail.from_dict({**summary, "traces": {
-        "trace_count": 0, "total_tokens": 0, "total_duration_ms": 0,
-        "any_trace_error": False, "agent_names": [],
-    }})  # fmt: skip
+    detail = EpisodeDetail.from_dict(
+        {
+            **summary,
+            "traces": {
+                "trace_count": 0,
+                "total_tokens": 0,
+                "total_duration_ms": 0,
+                "any_trace_error": False,
+                "agent_names": [],
+            },
+        }
+    )
     assert detail.error.type == "Timeout"
     assert detail.traces.agent_names == ()
 

@@ -7,10 +7,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-
-from prime_runs import cli
-from prime_traces.server import LocalTracesService
-
 from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     KEY,
     assert_buckets,
@@ -22,6 +18,9 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     sink_counts,
     stored_episodes,
 )
+
+from prime_runs import cli
+from prime_traces.server import LocalTracesService
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

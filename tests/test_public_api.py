@@ -114,7 +114,9 @@ def test_prime_runs_imports_no_private_module_of_prime_traces():
 
 def test_the_boundary_check_sees_a_private_import(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from prime_traces._transport import Transport\n    from prime_traces import _encode\n")
+    probe.write_text(
+        "def f():\n    from prime_traces._transport import Transport\n    from prime_traces import _encode\n"
+    )
     assert {m for _, m in _imports(probe) if _private(m)} >= {"prime_traces._transport", "prime_traces._encode"}
 
 

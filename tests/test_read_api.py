@@ -15,10 +15,10 @@ import orjson
 import pytest
 from _upload_helpers import DEFAULT_TOKEN, make_episode, make_trace, upload
 
-from prime_traces.config import resolve_config
 from prime_traces._models import TraceSummary
 from prime_traces._read_api import DOWNLOAD_CHUNK_BYTES, ReadAPI
 from prime_traces._transport import Transport
+from prime_traces.config import resolve_config
 from prime_traces.errors import (
     AmbiguousDeleteError,
     NotFoundError,
@@ -36,8 +36,7 @@ def make_api() -> Iterator[Callable[..., tuple[ReadAPI, list[float]]]]:
     transports: list[Transport] = []
 
     def make(base_url: str, **transport_options: Any) -> tuple[ReadAPI, list[float]]:
-        transport = Transport(resolve_config(api_key=DEFAULT_TOKEN, base_url=base_url, team_id=""),
-                              **transport_options)  # fmt: skip
+        transport = Transport(resolve_config(api_key=DEFAULT_TOKEN, base_url=base_url, team_id=""), **transport_options)
         transports.append(transport)
         sleeps: list[float] = []
         return ReadAPI(transport, sleep=sleeps.append), sleeps
@@ -63,12 +62,17 @@ def put(svc: Any, lines: list[Any], **kwargs: Any) -> str:
 
 def test_list_with_filters(service: Any, api: ReadAPI) -> None:
     now = time.time()
-    first = put(service, [
-        make_trace("a-1", start=now - 30, run_id="run-a", reward=1.0),
-        make_trace("a-2", start=now - 20, run_id="run-a", reward=0.0, ok=False,
-                   errors=[{"type": "E", "message": "m"}]),
-        make_trace("b-1", start=now - 10, run_id="run-b", model="other/model", reward=None),
-    ], context={"source": "test", "stage": "one"})  # fmt: skip
+    first = put(
+        service,
+        [
+            make_trace("a-1", start=now - 30, run_id="run-a", reward=1.0),
+            make_trace(
+                "a-2", start=now - 20, run_id="run-a", reward=0.0, ok=False, errors=[{"type": "E", "message": "m"}]
+            ),
+            make_trace("b-1", start=now - 10, run_id="run-b", model="other/model", reward=None),
+        ],
+        context={"source": "test", "stage": "one"},
+    )
     put(service, [make_trace("c-1", start=now - 5, run_id="run-a")], context={"source": "other"})
 
     assert [t.trace_id for t in api.list().items] == ["c-1", "b-1", "a-2", "a-1"]
@@ -128,7 +132,7 @@ def test_get_and_odd_ids(service: Any, api: ReadAPI) -> None:
 
 
 def test_get_raw_returns_the_stored_bytes(service: Any, api: ReadAPI) -> None:
-    doc = make_trace("raw-1", text="héllo — 世界 🚀 \u2028 \"quoted\" \\ back")
+    doc = make_trace("raw-1", text='héllo — 世界 🚀 \u2028 "quoted" \\ back')
     line = orjson.dumps(doc)
     put(service, [line])
     raw = api.get_raw("raw-1")
@@ -188,12 +192,24 @@ def test_delete_run(service: Any, api: ReadAPI) -> None:
 
 def test_episodes(service: Any, api: ReadAPI) -> None:
     now = time.time()
-    members = [make_trace("m-1", start=now - 50, run_id="run-e", step=1, agent="a"),
-               make_trace("m-2", start=now - 40, run_id="run-e", step=2, agent="b", total_tokens=30)]  # fmt: skip
-    put(service, [make_episode("ep-1", members, run_id="run-e", env="env-1"),
-                  make_episode("ep-2", [make_trace("m-3", start=now - 30, run_id="run-e", step=2)],
-                               run_id="run-e", ok=False, errors=[{"type": "Boom", "message": "bad"}])],
-        episode=True)  # fmt: skip
+    members = [
+        make_trace("m-1", start=now - 50, run_id="run-e", step=1, agent="a"),
+        make_trace("m-2", start=now - 40, run_id="run-e", step=2, agent="b", total_tokens=30),
+    ]
+    put(
+        service,
+        [
+            make_episode("ep-1", members, run_id="run-e", env="env-1"),
+            make_episode(
+                "ep-2",
+                [make_trace("m-3", start=now - 30, run_id="run-e", step=2)],
+                run_id="run-e",
+                ok=False,
+                errors=[{"type": "Boom", "message": "bad"}],
+            ),
+        ],
+        episode=True,
+    )
     assert [e.episode_id for e in api.list_episodes(run_id="run-e").items] == ["ep-2", "ep-1"]
     assert [e.episode_id for e in api.list_episodes(has_error=True).items] == ["ep-2"]
     assert [e.episode_id for e in api.list_episodes(run_step=1).items] == ["ep-1"]
@@ -213,9 +229,14 @@ def test_episodes(service: Any, api: ReadAPI) -> None:
 
 
 def test_runs(service: Any, api: ReadAPI) -> None:
-    put(service, [make_trace("s-0", run_id="run-s", step=0, reward=1.0),
-                  make_trace("s-1", run_id="run-s", step=1, reward=0.0),
-                  make_trace("s-2", run_id="run-s", step=1, reward=1.0)])  # fmt: skip
+    put(
+        service,
+        [
+            make_trace("s-0", run_id="run-s", step=0, reward=1.0),
+            make_trace("s-1", run_id="run-s", step=1, reward=0.0),
+            make_trace("s-2", run_id="run-s", step=1, reward=1.0),
+        ],
+    )
     assert "run-s" in [r.run_id for r in api.list_runs().items]
     run = api.get_run("run-s")
     assert (run.trace_count, run.step_min, run.step_max, run.step_count) == (3, 0, 1, 2)
@@ -242,7 +263,7 @@ class StubServer:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the stdlib's signature)
                 pass
 
             def _answer(self) -> None:
@@ -289,14 +310,26 @@ def envelope(code: str | None, status: int, headers: dict[str, str] | None = Non
     return (status, {"Content-Type": "application/json", **(headers or {})}, body)
 
 
-SUMMARY = orjson.dumps({
-    "trace_id": "t-1", "upload_id": "u" * 64, "episode_id": None,
-    "created_at": "2026-07-20T18:02:11.482Z", "ingested_at": "2026-07-20T18:02:12Z",
-    "run_id": None, "environment_id": None, "model": {"provider": None, "id": None},
-    "task_id": None, "agent_name": None, "score": {"reward": None, "outcome": None},
-    "execution": {"has_error": False, "is_truncated": False}, "duration_ms": 0,
-    "total_tokens": 0, "size_bytes": 10, "context": {},
-})  # fmt: skip
+SUMMARY = orjson.dumps(
+    {
+        "trace_id": "t-1",
+        "upload_id": "u" * 64,
+        "episode_id": None,
+        "created_at": "2026-07-20T18:02:11.482Z",
+        "ingested_at": "2026-07-20T18:02:12Z",
+        "run_id": None,
+        "environment_id": None,
+        "model": {"provider": None, "id": None},
+        "task_id": None,
+        "agent_name": None,
+        "score": {"reward": None, "outcome": None},
+        "execution": {"has_error": False, "is_truncated": False},
+        "duration_ms": 0,
+        "total_tokens": 0,
+        "size_bytes": 10,
+        "context": {},
+    }
+)
 OK_SUMMARY = (200, {"Content-Type": "application/json"}, SUMMARY)
 ACCEPTED = (202, {}, b"")
 
@@ -334,9 +367,13 @@ def test_get_retried_after_a_dropped_connection(stub: Any, make_api: Any) -> Non
     assert len(server.requests) == 3 and len(sleeps) == 2
 
 
-@pytest.mark.parametrize(("status", "code", "error"), [
-    (400, "invalid_filter", ValidationRejectedError), (404, "trace_not_found", NotFoundError),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("status", "code", "error"),
+    [
+        (400, "invalid_filter", ValidationRejectedError),
+        (404, "trace_not_found", NotFoundError),
+    ],
+)
 def test_get_not_retried_on_4xx(stub: Any, make_api: Any, status: int, code: str, error: type) -> None:
     server = stub([envelope(code, status), OK_SUMMARY])
     api, sleeps = make_api(server.url)
@@ -354,8 +391,9 @@ def test_get_gives_up_after_three_attempts(stub: Any, make_api: Any) -> None:
     assert len(server.requests) == 3 and len(sleeps) == 2
 
 
-@pytest.mark.parametrize("refusal", [envelope("writer_pool_saturated", 503), envelope("rate_limited", 429),
-                                     envelope(None, 429)])  # fmt: skip
+@pytest.mark.parametrize(
+    "refusal", [envelope("writer_pool_saturated", 503), envelope("rate_limited", 429), envelope(None, 429)]
+)
 def test_delete_retried_on_refusal(stub: Any, make_api: Any, refusal: Answer) -> None:
     server = stub([refusal, ACCEPTED])
     api, sleeps = make_api(server.url)
@@ -375,10 +413,18 @@ def test_delete_refused_three_times_is_not_ambiguous(stub: Any, make_api: Any) -
     assert len(sleeps) == 2
 
 
-@pytest.mark.parametrize("answer", [
-    envelope(None, 502), envelope(None, 504), envelope(None, 503), envelope("something_new", 503),
-    (503, {}, b"plain text"), drop_without_answer,
-], ids=["502", "504", "503-no-code", "503-unknown-code", "503-no-envelope", "dropped-after-send"])  # fmt: skip
+@pytest.mark.parametrize(
+    "answer",
+    [
+        envelope(None, 502),
+        envelope(None, 504),
+        envelope(None, 503),
+        envelope("something_new", 503),
+        (503, {}, b"plain text"),
+        drop_without_answer,
+    ],
+    ids=["502", "504", "503-no-code", "503-unknown-code", "503-no-envelope", "dropped-after-send"],
+)
 def test_delete_ambiguous_failures_are_not_retried(stub: Any, make_api: Any, answer: Answer) -> None:
     server = stub([answer, ACCEPTED])
     api, sleeps = make_api(server.url)
@@ -409,7 +455,7 @@ def test_delete_retried_when_the_connection_is_refused(make_api: Any) -> None:
 
 
 def test_download_retried_before_the_first_byte(stub: Any, make_api: Any, tmp_path: Path) -> None:
-    body = "{\"id\": \"t-1\", \"text\": \"ünï\"}".encode()
+    body = '{"id": "t-1", "text": "ünï"}'.encode()
     server = stub([envelope(None, 503), truncated_body(b"", len(body)), (200, {}, body)])
     api, sleeps = make_api(server.url)
     dest = tmp_path / "doc.json"
@@ -433,8 +479,7 @@ def test_download_not_retried_once_bytes_flowed(stub: Any, make_api: Any, tmp_pa
 
 def test_get_raw_and_list_are_retried_too(stub: Any, make_api: Any) -> None:
     page = orjson.dumps({"items": [orjson.loads(SUMMARY)], "next_cursor": None})
-    server = stub([envelope("rate_limited", 429), (200, {}, b"raw bytes"),
-                   drop_without_answer, (200, {}, page)])  # fmt: skip
+    server = stub([envelope("rate_limited", 429), (200, {}, b"raw bytes"), drop_without_answer, (200, {}, page)])
     api, sleeps = make_api(server.url)
     assert api.get_raw("t-1") == b"raw bytes"
     assert [t.trace_id for t in api.list(has_error=False, context={"a.b": "c d"}).items] == ["t-1"]
@@ -446,12 +491,16 @@ def test_the_metrics_history_pages_back_in_step_order_with_its_summary(service: 
     import requests
 
     headers = {"Authorization": f"Bearer {DEFAULT_TOKEN}"}
-    run_id = requests.post(f"{service.url}/api/v1/runs", json={"name": "m", "kind": "train"}, headers=headers,
-                           timeout=10).json()["id"]  # fmt: skip
-    rows = [{"step": s, "time": 1.0 + s, "metrics": {"reward": s / 10, "loss": "NaN" if s == 7 else 1 / (s + 1)}}
-            for s in reversed(range(25))]  # fmt: skip
-    assert requests.post(f"{service.url}/api/v1/runs/{run_id}/metrics", json={"rows": rows}, headers=headers,
-                         timeout=10).json() == {"accepted": 25}  # fmt: skip
+    run_id = requests.post(
+        f"{service.url}/api/v1/runs", json={"name": "m", "kind": "train"}, headers=headers, timeout=10
+    ).json()["id"]
+    rows = [
+        {"step": s, "time": 1.0 + s, "metrics": {"reward": s / 10, "loss": "NaN" if s == 7 else 1 / (s + 1)}}
+        for s in reversed(range(25))
+    ]
+    assert requests.post(
+        f"{service.url}/api/v1/runs/{run_id}/metrics", json={"rows": rows}, headers=headers, timeout=10
+    ).json() == {"accepted": 25}
     got = list(api.iter_metrics(run_id, names=["reward"], limit=4))  # seven pages
     assert [r.step for r in got] == list(range(25))
     assert [r.metrics for r in got] == [{"reward": s / 10} for s in range(25)]

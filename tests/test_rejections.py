@@ -51,9 +51,10 @@ def test_a_400_lists_every_rejected_line(tmp_path):
     assert error.status_code == 400 and error.code == "created_at_out_of_window"
     assert (error.line, error.record_id) == (3, "t2")  # the first, as before
     assert [(e.line, e.record_id, e.code) for e in error.errors] == [
-        (3, "t2", "created_at_out_of_window"), (6, "t5", "created_at_out_of_window"),
+        (3, "t2", "created_at_out_of_window"),
+        (6, "t5", "created_at_out_of_window"),
         (10, "t9", "created_at_out_of_window"),
-    ]  # fmt: skip
+    ]
     assert all(e.message.startswith(f"line {e.line}: ") for e in error.errors)
 
 
@@ -109,8 +110,9 @@ def _all_marked(count: int) -> list[dict[str, Any]]:
 
 def _write_bytes(records: list[dict[str, Any]]) -> int:
     """What the write's records weigh as the sink sends them (stamped, one line each)."""
-    from prime_runs._encoding import EncodedWrite
     from test_traces_sink import STAMP
+
+    from prime_runs._encoding import EncodedWrite
 
     lines = EncodedWrite(records, "episode", STAMP, None, ledger_for(len(records))[1])
     return sum(len(line) + 1 if isinstance(line, bytes) else line.size + 1 for line in lines)
@@ -241,5 +243,9 @@ def test_the_report_marks_each_listed_line_rejected(tmp_path):
                 client.upload_lines(lines)
     report = caught.value.report
     assert [report.status_of(i) for i in range(5)] == [
-        LineStatus.NOT_STORED, LineStatus.REJECTED, LineStatus.NOT_STORED, LineStatus.REJECTED, LineStatus.NOT_STORED,
-    ]  # fmt: skip
+        LineStatus.NOT_STORED,
+        LineStatus.REJECTED,
+        LineStatus.NOT_STORED,
+        LineStatus.REJECTED,
+        LineStatus.NOT_STORED,
+    ]

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from _sync import NotedWaitEvent
 
 from prime_traces import (
     APIError,
@@ -28,8 +29,6 @@ from prime_traces._retry import (
     parse_retry_after,
     upload_retrying,
 )
-
-from _sync import NotedWaitEvent
 
 NOW = 1_750_000_000.0
 
@@ -298,9 +297,7 @@ def test_deadline_stops_before_a_wait_that_would_pass_it():
         now[0] += seconds
 
     flaky = Flaky(*[_busy() for _ in range(5)])
-    retrying = upload_retrying(
-        sleep=sleep, rng=FixedRng(1.0), deadline_monotonic=103.5, clock=lambda: now[0]
-    )
+    retrying = upload_retrying(sleep=sleep, rng=FixedRng(1.0), deadline_monotonic=103.5, clock=lambda: now[0])
     with pytest.raises(RetryableAPIError):
         retrying(flaky)
     # Waits of 1 and 2 end at 101 and 103; the next, 4, would end at 107.
@@ -310,9 +307,7 @@ def test_deadline_stops_before_a_wait_that_would_pass_it():
 
 def test_deadline_applies_to_retry_after_too(waits):
     flaky = Flaky(_busy(retry_after=30.0), _busy())
-    retrying = upload_retrying(
-        sleep=waits.append, rng=FixedRng(), deadline_monotonic=20.0, clock=lambda: 0.0
-    )
+    retrying = upload_retrying(sleep=waits.append, rng=FixedRng(), deadline_monotonic=20.0, clock=lambda: 0.0)
     with pytest.raises(RetryableAPIError):
         retrying(flaky)
     assert waits == [] and flaky.calls == 1

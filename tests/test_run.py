@@ -21,31 +21,30 @@ from typing import Any
 
 import orjson
 import pytest
+from _run_helpers import (  # noqa: F401  (fixtures are used by name)
+    ENV_NAMES,
+    FLUSH_TIMEOUT_S,
+    GATE_TIMEOUT_S,
+    KEY,
+    MARKER,
+    REPO,
+    Gate,
+    assert_buckets,
+    episodes,
+    gate,
+    get_run,
+    identity_holds,
+    isolated,
+    list_runs,
+    local_records,
+    online,
+    sink_counts,
+    stored_episodes,
+)
 from _wire import episode, trace
 
 import prime_runs
 from prime_runs import Run
-
-from _run_helpers import (  # noqa: F401  (fixtures are used by name)
-    REPO,
-    KEY,
-    GATE_TIMEOUT_S,
-    FLUSH_TIMEOUT_S,
-    MARKER,
-    ENV_NAMES,
-    isolated,
-    Gate,
-    gate,
-    online,
-    get_run,
-    list_runs,
-    episodes,
-    stored_episodes,
-    identity_holds,
-    assert_buckets,
-    local_records,
-    sink_counts,
-)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,7 +178,7 @@ def test_log_episodes_never_blocks_and_counts_every_drop(service, gate):
     assert_buckets(run, submitted=10_000, stored=21, dropped={"queue_full_records": 9_979})
 
 
-def test_log_episodes_costs_the_same_for_a_35_mb_record_as_for_a_1_kb_one(service, gate):  # noqa: F811  (a fixture)
+def test_log_episodes_costs_the_same_for_a_35_mb_record_as_for_a_1_kb_one(service, gate):  # a fixture
     small = episodes("small", 1)[0]
     big = episode("big", [trace("big-t", info={"text": "x" * 35_000_000})])  # one 35 MB string, logged again and again
     run = online(service, console="off")
@@ -238,10 +237,10 @@ def test_a_write_larger_than_the_bound_fits_an_empty_queue_only(service, gate):
     assert_buckets(run, submitted=52, stored=51, dropped={"queue_full_records": 1})
 
 
-def fixed_trace(id: str) -> dict[str, Any]:
-    """A trace whose encoded size depends only on ``len(id)`` (no clock in it)."""
+def fixed_trace(trace_id: str) -> dict[str, Any]:
+    """A trace whose encoded size depends only on ``len(trace_id)`` (no clock in it)."""
     now = float(int(time.time()))  # ten digits and ".0" until 2286
-    doc = trace(id)
+    doc = trace(trace_id)
     doc["timing"] = {"start": now, "scoring": {"start": now + 0.5, "end": now + 0.75}}
     doc["calls"][0]["time"] = {"start": now, "end": now + 0.5}
     return doc
@@ -353,8 +352,9 @@ def test_a_process_finishing_against_a_hung_service_exits_in_time(service):
     service.faults.hang_uploads = True
     script = HANGING_SCRIPT.format(tests=str(REPO / "tests"), url=service.url)
     env = {k: v for k, v in os.environ.items() if k not in ENV_NAMES} | {"PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         assert ready, "the script did not start"

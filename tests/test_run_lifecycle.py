@@ -1,4 +1,5 @@
 """``Run`` lifecycle, errors, asyncio and fork, end to end over real HTTP to the local service."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,32 +15,31 @@ from typing import Any
 
 import pytest
 from _fork import in_child
+from _run_helpers import (  # noqa: F401  (fixtures are used by name)
+    ENV_NAMES,
+    FLUSH_TIMEOUT_S,
+    GATE_TIMEOUT_S,
+    KEY,
+    MARKER,
+    REPO,
+    Gate,
+    assert_buckets,
+    episodes,
+    gate,
+    get_run,
+    identity_holds,
+    isolated,
+    list_runs,
+    online,
+    sink_counts,
+    stored_episodes,
+)
 from _sync import NotedWaitEvent
 
 import prime_runs
 from prime_runs import Run
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
-
-from _run_helpers import (  # noqa: F401  (fixtures are used by name)
-    REPO,
-    KEY,
-    GATE_TIMEOUT_S,
-    FLUSH_TIMEOUT_S,
-    MARKER,
-    ENV_NAMES,
-    isolated,
-    Gate,
-    gate,
-    online,
-    get_run,
-    list_runs,
-    episodes,
-    stored_episodes,
-    identity_holds,
-    assert_buckets,
-    sink_counts,
-)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -156,10 +156,13 @@ def test_fail_records_failed_with_the_error(service):
 
 @pytest.mark.parametrize(
     ("exc", "status", "error"),
-    [(None, "completed", None), (RuntimeError("bad step"), "failed", "RuntimeError: bad step"),
-     (KeyboardInterrupt(), "cancelled", "KeyboardInterrupt")],
+    [
+        (None, "completed", None),
+        (RuntimeError("bad step"), "failed", "RuntimeError: bad step"),
+        (KeyboardInterrupt(), "cancelled", "KeyboardInterrupt"),
+    ],
     ids=["clean", "exception", "keyboard-interrupt"],
-)  # fmt: skip
+)
 def test_the_context_manager_finishes_by_how_the_block_ended(service, exc, status, error):
     run = online(service)
     expected = pytest.raises(type(exc)) if exc is not None else contextlib.nullcontext()
@@ -174,10 +177,7 @@ def test_the_context_manager_finishes_by_how_the_block_ended(service, exc, statu
     assert_buckets(run, submitted=2, stored=2)
 
 
-
-
-@pytest.mark.parametrize(("code", "status"), [(0, "completed"),
-                                              (None, "completed"), (3, "failed")])  # fmt: skip
+@pytest.mark.parametrize(("code", "status"), [(0, "completed"), (None, "completed"), (3, "failed")])
 def test_sys_exit_in_the_context_manager_finishes_by_its_code(service, code, status):
     run = online(service)
     with pytest.raises(SystemExit), run:
@@ -356,8 +356,11 @@ def test_on_error_warn_logs_once(service, caplog):
     assert_buckets(run, submitted=6, stored=3, failed={"rejected:invalid_trace": 3})
 
 
-@pytest.mark.parametrize("bad", [{"on_error": "ignore"}, {"max_queued_records": 0}, {"max_queued_bytes": 0}],
-                         ids=["on_error", "max_queued_records", "max_queued_bytes"])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [{"on_error": "ignore"}, {"max_queued_records": 0}, {"max_queued_bytes": 0}],
+    ids=["on_error", "max_queued_records", "max_queued_bytes"],
+)
 def test_bad_options_are_refused_before_the_run_is_created(service, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         online(service, **bad)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     FLUSH_TIMEOUT_S,
     MARKER,
@@ -21,6 +20,7 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     local_records,
     online,
 )
+
 from prime_runs._segment_reader import iter_entry_lines, scan
 from prime_runs._segments import segment_files
 from prime_traces.server import LocalTracesService
@@ -48,10 +48,18 @@ def test_save_local_keeps_a_copy_of_every_record_and_the_run(isolated, service):
     assert [c["id"] for c in copies] == [e["id"] for e in logged]  # the service's refusal changes no copy
     assert all(c["run"]["id"] == run.id for c in copies)
     document = orjson.loads((Path(run.dir) / "run.json").read_bytes())
-    counts = {"_records/logged": 12, "_records/stored": 11, "_records/dropped": 0, "_records/failed": 1,
-              "_records/spooled": 0}  # fmt: skip
+    counts = {
+        "_records/logged": 12,
+        "_records/stored": 11,
+        "_records/dropped": 0,
+        "_records/failed": 1,
+        "_records/spooled": 0,
+    }
     assert (document["status"], document["config"], document["summary"]) == (
-        "completed", {"lr": 3}, {"reward": 1.0, "step": 0, **counts})  # fmt: skip
+        "completed",
+        {"lr": 3},
+        {"reward": 1.0, "step": 0, **counts},
+    )
     assert_buckets(run, "local", submitted=12, stored=12)
     assert_buckets(run, "traces", submitted=12, stored=11, failed={"rejected:invalid_trace": 1})
     # The one record the service refused is set aside, with the service's reason; nothing else is spooled.
@@ -68,8 +76,11 @@ def test_finish_says_what_it_kept_where_and_how_to_upload_it(isolated, tmp_path,
             run.finish(timeout_s=1)
     where = str(Path(run.dir).resolve())
     said = [r.getMessage() for r in caplog.records if r.name == "prime_runs.run"]
-    assert any(f"10 records were not delivered (deadline: 10) and are saved in {where}; upload them with: "
-               f"prime-runs sync {where}" in m for m in said), said  # fmt: skip
+    assert any(
+        f"10 records were not delivered (deadline: 10) and are saved in {where}; upload them with: "
+        f"prime-runs sync {where}" in m
+        for m in said
+    ), said
 
 
 def test_a_status_the_service_never_confirmed_is_kept_for_the_sync(isolated, service):

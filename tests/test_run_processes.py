@@ -53,8 +53,14 @@ def script_env(svc: LocalTracesService, home: Path, **extra: str) -> dict[str, s
 
 def start(script: str, svc: LocalTracesService, tmp_path: Path, **extra: str) -> subprocess.Popen[str]:
     code = PRELUDE + textwrap.dedent(script)
-    return subprocess.Popen([sys.executable, "-c", code], env=script_env(svc, tmp_path, **extra), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=script_env(svc, tmp_path, **extra),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish_process(proc: subprocess.Popen[str], timeout_s: float = PROCESS_TIMEOUT_S) -> tuple[str, str]:
@@ -96,8 +102,9 @@ def test_a_script_that_never_finishes_is_crashed_at_exit(service, tmp_path):
         run.log_episodes(episodes("e", 5))
         # no finish(): the atexit hook flushes and records "crashed"
         """,
-        service, tmp_path,
-    )  # fmt: skip
+        service,
+        tmp_path,
+    )
     run_id = first_line(proc)
     _out, err = finish_process(proc)
     assert proc.returncode == 0, err
@@ -107,8 +114,9 @@ def test_a_script_that_never_finishes_is_crashed_at_exit(service, tmp_path):
     assert sorted(stored_episodes(service)) == [f"e{i}" for i in range(5)]  # flushed at exit
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, "crashed"), (signal.SIGINT, "cancelled")],
-                         ids=["SIGTERM", "SIGINT"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGTERM, "crashed"), (signal.SIGINT, "cancelled")], ids=["SIGTERM", "SIGINT"]
+)
 def test_a_signal_finishes_the_run_and_still_ends_the_process(service, tmp_path, signum, status):
     proc = start(
         """
@@ -118,8 +126,9 @@ def test_a_signal_finishes_the_run_and_still_ends_the_process(service, tmp_path,
         while True:  # a training loop that never ends by itself
             sum(range(1000))
         """,
-        service, tmp_path,
-    )  # fmt: skip
+        service,
+        tmp_path,
+    )
     run_id = first_line(proc)
     proc.send_signal(signum)
     _out, err = finish_process(proc)
@@ -152,8 +161,9 @@ def test_sigterm_while_log_holds_the_run_lock_still_records_crashed(service, tmp
         print(run.id)
         run.log(Metrics(), step=1)
         """,
-        service, tmp_path,
-    )  # fmt: skip
+        service,
+        tmp_path,
+    )
     run_id = first_line(proc)
     _out, err = finish_process(proc)
     assert proc.returncode == -signal.SIGTERM, err
@@ -177,12 +187,15 @@ run.log_episodes(episodes("r0-", 4))
 run.finish(timeout_s=30)
 """
 
-RANK1 = PRELUDE + """
+RANK1 = (
+    PRELUDE
+    + """
 run = prime_runs.init("ddp-rank1", kind="train")
 run.log_episodes(episodes("r1-", 3))
 print(run.id, run._owner)
 # exits without finish(): the atexit hook must flush, and must not finish rank 0's run
 """
+)
 
 
 def test_two_ranks_log_into_one_run_that_only_rank_0_finishes(service, tmp_path):
@@ -212,8 +225,10 @@ def test_a_rank_other_than_0_without_a_run_id_is_refused(service, tmp_path):
         except prime_runs.PrimeRunsError as err:
             print("refused", "PRIME_RUN_ID" in str(err))
         """,
-        service, tmp_path, RANK="3",
-    )  # fmt: skip
+        service,
+        tmp_path,
+        RANK="3",
+    )
     out, err = finish_process(proc)
     assert out.strip() == "refused True", err
     assert get(service, "runs")["items"] == []
@@ -295,12 +310,15 @@ run.log_episodes(episodes("parent-", 2))
 run.finish(status="failed", error="diverged", timeout_s=30)
 """
 
-CHILD = PRELUDE + """
+CHILD = (
+    PRELUDE
+    + """
 run = prime_runs.init("eval-worker", kind="eval")
 run.log_episodes(episodes("child-", 3))
 run.finish(timeout_s=30)
 print(run.id, run._owner, flush=True)
 """
+)
 
 
 @pytest.mark.parametrize("told", [None, "1"], ids=["inherited", "told-to-own"])
@@ -335,8 +353,9 @@ def test_records_logged_just_before_exit_are_stored_on_every_python(service, tmp
         run.log_episodes(episodes("late-", 50))
         print(run.id, flush=True)
         """,
-        service, tmp_path,
-    )  # fmt: skip
+        service,
+        tmp_path,
+    )
     run_id = first_line(proc)
     started = time.monotonic()
     _out, err = finish_process(proc)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from _run_helpers import REPO, isolated, local_records  # noqa: F401
 from _wire import episode, trace
+
 import prime_runs
 from prime_runs._rundir import MAX_RUN_ID_CHARS, RunDirectory, check_run_id, write_json_atomic
 from prime_runs.errors import PrimeRunsError
@@ -24,7 +24,18 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.mark.parametrize(
     "bad",
-    ["../../escaped", "a/b", "..", ".", "", "x" * (MAX_RUN_ID_CHARS + 1), "tab\there", "nl\n", "back\\slash", "del\x7f"],
+    [
+        "../../escaped",
+        "a/b",
+        "..",
+        ".",
+        "",
+        "x" * (MAX_RUN_ID_CHARS + 1),
+        "tab\there",
+        "nl\n",
+        "back\\slash",
+        "del\x7f",
+    ],
 )
 def test_a_run_id_that_could_escape_the_runs_directory_is_refused(bad):
     with pytest.raises(PrimeRunsError, match=r"from id=.*a run id names a directory"):
@@ -64,8 +75,9 @@ def test_the_runs_directory_is_the_argument_else_the_environment_else_the_curren
 
 def test_an_offline_run_keeps_everything_in_run_json(isolated, monkeypatch):
     monkeypatch.setattr("prime_runs._init.UPDATE_INTERVAL_S", 0.05)
-    run = prime_runs.init("kept", kind="eval", config={"lr": 0.1}, tags=["a"], mode="offline",
-                          handle_signals=False, dir=isolated)  # fmt: skip
+    run = prime_runs.init(
+        "kept", kind="eval", config={"lr": 0.1}, tags=["a"], mode="offline", handle_signals=False, dir=isolated
+    )
     path = Path(run.dir) / "run.json"
     first = orjson.loads(path.read_bytes())
     assert (first["name"], first["kind"], first["status"], first["mode"]) == ("kept", "eval", "running", "offline")
@@ -86,8 +98,14 @@ def test_an_offline_run_keeps_everything_in_run_json(isolated, monkeypatch):
 
 
 def test_run_json_never_holds_the_key(isolated, service):
-    run = prime_runs.init("secret", api_key="sk-very-secret-123", base_url=service.url, save_local=True,
-                          handle_signals=False, dir=isolated)  # fmt: skip
+    run = prime_runs.init(
+        "secret",
+        api_key="sk-very-secret-123",
+        base_url=service.url,
+        save_local=True,
+        handle_signals=False,
+        dir=isolated,
+    )
     run.log_episodes([episode("e0", [trace("e0-t")])])
     run.finish()
     blob = b"".join(p.read_bytes() for p in Path(run.dir).rglob("*") if p.is_file())
@@ -107,8 +125,14 @@ def test_a_second_process_that_claims_a_live_run_logs_into_it_without_owning_it(
         "run.finish()\n"
         "print(run._run_file is None)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script, str(isolated)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(isolated)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    )
     assert out.stdout.strip() == "True", out.stderr
     assert "still running in another process" in out.stderr
     assert orjson.loads((Path(first.dir) / "run.json").read_bytes())["name"] == "one"
@@ -138,8 +162,12 @@ def test_run_json_is_always_the_old_or_the_new_file_whatever_kills_its_writer(tm
     rng = random.Random(7)
     seen = []
     for _ in range(12):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.01, 0.3))  # a random point in the loop: what is killed is not synchronised on
         proc.send_signal(signal.SIGKILL)

@@ -234,10 +234,10 @@ def test_a_dead_writers_file_is_repaired_from_another_process(tmp_path):
         "import sys, os\n"
         "from prime_runs._segments import SegmentWriter, Frame\n"
         "w = SegmentWriter(sys.argv[1], 'trace')\n"
-        "w.append([Frame([b'{\"id\": \"a\"}'])])\n"
+        'w.append([Frame([b\'{"id": "a"}\'])])\n'
         "open(w.path, 'ab').write(b'\\x28\\xb5\\x2f\\xfd')\n"
         "os._exit(0)\n"
-    )  # fmt: skip
+    )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=60)
     path = only_file(tmp_path, "trace")
     result = scan(path, repair=True)

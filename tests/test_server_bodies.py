@@ -36,8 +36,7 @@ CLOSE_S = 20.0
 def _stalled_upload(url: str, declared: int, sent: int = 1024, token: str = "test-token") -> socket.socket:
     """A connection that sent an upload's headers declaring ``declared`` bytes, then ``sent`` of them."""
     body, headers = build_upload([trace("t-stalled")])
-    head = request_head("POST", "/api/v1/traces", [*headers.items(), ("Content-Length", str(declared))],
-                        token=token)  # fmt: skip
+    head = request_head("POST", "/api/v1/traces", [*headers.items(), ("Content-Length", str(declared))], token=token)
     sock = connect(url)
     sock.sendall(head + (body + bytes(sent))[:sent])
     return sock
@@ -56,10 +55,22 @@ def test_a_declared_length_is_not_allocated_before_its_bytes_arrive(tmp_path):
     # In its own process, so that its peak resident memory (VmHWM) is its own.
     connections, declared = 8, 200 * MIB
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prime_traces.cli", "serve", "--port", "0", "--db", str(tmp_path / "t.db"),
-         "--max-uploads-in-flight", str(connections)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "prime_traces.cli",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            str(tmp_path / "t.db"),
+            "--max-uploads-in-flight",
+            str(connections),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("listening on "), line
@@ -80,7 +91,8 @@ def test_a_declared_length_is_not_allocated_before_its_bytes_arrive(tmp_path):
         grown = _status(proc.pid)["VmHWM"] - before["VmHWM"]
         assert grown < 64 * MIB, (
             f"peak resident memory grew by {grown / MIB:.0f} MiB for {connections} bodies declaring "
-            f"{declared // MIB} MiB and sending 1 KiB each")  # fmt: skip
+            f"{declared // MIB} MiB and sending 1 KiB each"
+        )
         assert post_upload(url, [trace("t-after")]).status_code == 201
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -127,8 +139,7 @@ def test_a_slow_but_steady_upload_is_not_cut_off(tmp_path):
     pace = threading.Event()
     with LocalTracesService(tmp_path / "t.db", read_timeout_s=0.5) as svc, connect(svc.url) as sock:
         start = time.monotonic()
-        sock.sendall(request_head("POST", "/api/v1/traces",
-                                  [*headers.items(), ("Content-Length", str(len(body)))]))  # fmt: skip
+        sock.sendall(request_head("POST", "/api/v1/traces", [*headers.items(), ("Content-Length", str(len(body)))]))
         for piece in pieces:
             pace.wait(0.2)  # pacing a slow client, not synchronisation
             sock.sendall(piece)
@@ -144,8 +155,9 @@ def test_a_slow_reader_of_a_raw_stream_is_not_cut_off(tmp_path):
     pause = threading.Event()
     with LocalTracesService(tmp_path / "t.db", read_timeout_s=0.5) as svc:
         committed(post_upload(svc.url, [big]), jsonl([big]))
-        with requests.get(f"{svc.url}/api/v1/traces/t-big", params={"raw": "true"}, headers=auth(),
-                          stream=True, timeout=30) as resp:  # fmt: skip
+        with requests.get(
+            f"{svc.url}/api/v1/traces/t-big", params={"raw": "true"}, headers=auth(), stream=True, timeout=30
+        ) as resp:
             first = resp.raw.read(1024)
             pause.wait(1.0)  # pacing a slow reader, longer than the read timeout
             rest = resp.raw.read()
@@ -154,10 +166,22 @@ def test_a_slow_reader_of_a_raw_stream_is_not_cut_off(tmp_path):
 
 def test_serve_takes_read_timeout_s(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prime_traces.cli", "serve", "--port", "0", "--db", str(tmp_path / "t.db"),
-         "--read-timeout-s", "0.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "prime_traces.cli",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            str(tmp_path / "t.db"),
+            "--read-timeout-s",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() else "")
@@ -215,8 +239,9 @@ def test_memory_held_by_one_upload_refuses_another(tmp_path):
     with LocalTracesService(tmp_path / "t.db", max_body_memory_bytes=2 * MIB, before_upload=gate) as svc:
         with connect(svc.url, timeout_s=30) as sock:
             body, headers = build_upload(held, coding="none")
-            sock.sendall(request_head("POST", "/api/v1/traces",
-                                      [*headers.items(), ("Content-Length", str(len(body)))]) + body)  # fmt: skip
+            sock.sendall(
+                request_head("POST", "/api/v1/traces", [*headers.items(), ("Content-Length", str(len(body)))]) + body
+            )
             try:
                 gate.wait_arrivals(1)
                 assert svc.stats()["body_memory_bytes"] >= len(body)

@@ -13,8 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
 import pytest
 import requests
-
 from _wire import ACCEPT_ENCODING, jsonl, post_upload, trace
+
 from prime_traces.server import LocalTracesService
 from prime_traces.server._http import producer_of
 
@@ -56,8 +56,12 @@ def saturated(resp: requests.Response, retry_after: float) -> None:
 def test_sixteen_uploads_against_a_limit_of_eight(tmp_path):
     docs = [[trace(f"t-{i}")] for i in range(16)]
     gate = Gate()
-    with LocalTracesService(tmp_path / "t.db", max_uploads_in_flight=8, saturated_retry_after_s=2.5,
-                            before_upload=gate) as svc, ThreadPoolExecutor(16) as pool:  # fmt: skip
+    with (
+        LocalTracesService(
+            tmp_path / "t.db", max_uploads_in_flight=8, saturated_retry_after_s=2.5, before_upload=gate
+        ) as svc,
+        ThreadPoolExecutor(16) as pool,
+    ):
         try:
             futures: dict[Future[requests.Response], int] = {
                 pool.submit(post_upload, svc.url, d): i for i, d in enumerate(docs)
@@ -88,16 +92,16 @@ def test_sixteen_uploads_against_a_limit_of_eight(tmp_path):
 def test_credentials_do_not_share_a_limit(tmp_path):
     gate = Gate()
     a, b = producer_of("token-a"), producer_of("token-b")
-    with LocalTracesService(tmp_path / "t.db", max_uploads_in_flight=2, before_upload=gate) as svc, \
-            ThreadPoolExecutor(4) as pool:  # fmt: skip
+    with (
+        LocalTracesService(tmp_path / "t.db", max_uploads_in_flight=2, before_upload=gate) as svc,
+        ThreadPoolExecutor(4) as pool,
+    ):
         try:
-            held = [pool.submit(post_upload, svc.url, [trace(f"a-{i}")], token="token-a")
-                    for i in range(2)]  # fmt: skip
+            held = [pool.submit(post_upload, svc.url, [trace(f"a-{i}")], token="token-a") for i in range(2)]
             gate.wait_arrivals(2)
             saturated(post_upload(svc.url, [trace("a-2")], token="token-a"), 1.0)
             # token-a is at its limit; token-b still gets two uploads in.
-            held += [pool.submit(post_upload, svc.url, [trace(f"b-{i}")], token="token-b")
-                     for i in range(2)]  # fmt: skip
+            held += [pool.submit(post_upload, svc.url, [trace(f"b-{i}")], token="token-b") for i in range(2)]
             gate.wait_arrivals(4)
             saturated(post_upload(svc.url, [trace("b-2")], token="token-b"), 1.0)
             assert svc.stats()["in_flight"] == {a: 2, b: 2}
@@ -131,8 +135,7 @@ def test_every_kind_of_answer_gives_its_slot_back(tmp_path):
 def test_identical_uploads_at_once_commit_once(tmp_path):
     barrier = threading.Barrier(2, timeout=WAIT_S)
     docs = [trace(f"t-{i}") for i in range(50)]
-    with LocalTracesService(tmp_path / "t.db", before_upload=barrier.wait) as svc, \
-            ThreadPoolExecutor(2) as pool:  # fmt: skip
+    with LocalTracesService(tmp_path / "t.db", before_upload=barrier.wait) as svc, ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(post_upload, svc.url, docs) for _ in range(2)]
         answers = sorted((f.result(WAIT_S) for f in futures), key=lambda r: r.status_code)
         assert [r.status_code for r in answers] == [200, 201]

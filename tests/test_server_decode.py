@@ -94,8 +94,17 @@ def test_zstd_frames_decode_to_the_body(data):
         (_sized(b"\0" * (LIMIT // 2 + 1)) * 2, ErrorCode.UPLOAD_TOO_LARGE),
         (_declaring(_sized(b"\0" * (64 * LIMIT)), 1000), ErrorCode.MALFORMED_ENCODING),
     ],
-    ids=["sized-truncated", "unsized-truncated", "partial-header-after", "declares-less", "declares-more",
-         "sized-one-byte-over", "unsized-one-byte-over", "two-frames-over", "bomb-declaring-little"],
+    ids=[
+        "sized-truncated",
+        "unsized-truncated",
+        "partial-header-after",
+        "declares-less",
+        "declares-more",
+        "sized-one-byte-over",
+        "unsized-one-byte-over",
+        "two-frames-over",
+        "bomb-declaring-little",
+    ],
 )
 def test_bad_or_oversized_zstd_is_refused(data, code):
     with pytest.raises(HTTPError) as caught:

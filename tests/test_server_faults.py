@@ -7,21 +7,26 @@ import time
 
 import pytest
 import requests
-
 from _wire import ACCEPT_ENCODING, auth, digest_key, jsonl, post_upload, trace
-from prime_traces.server import LocalTracesService
+
 from prime_traces._lines import MAX_ROWS_PER_UPLOAD
+from prime_traces.server import LocalTracesService
 
 SERVICE_UNAVAILABLE_CODES = {
-    "writer_pool_saturated", "ingest_capacity_exceeded", "ingest_unavailable",
-    "storage_unavailable", "auth_unavailable",
-}  # fmt: skip
+    "writer_pool_saturated",
+    "ingest_capacity_exceeded",
+    "ingest_unavailable",
+    "storage_unavailable",
+    "auth_unavailable",
+}
 
 
 def stored_rows(svc: LocalTracesService) -> dict[str, int]:
     with svc.state.store.reader() as conn:
-        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                for t in ("uploads", "traces", "trace_docs", "episodes")}  # fmt: skip
+        return {
+            t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("uploads", "traces", "trace_docs", "episodes")
+        }
 
 
 def timed(call, *args, **kwargs):
@@ -72,8 +77,9 @@ def test_bandwidth_cap_slows_the_body(tmp_path):
     ids=["429", "503", "503-no-retry-after", "429-zero"],
 )
 def test_fail_fraction_one_refuses_every_upload(tmp_path, status, retry_after, header):
-    with LocalTracesService(tmp_path / "t.db", fail_fraction=1.0, fail_status=status,
-                            fail_retry_after_s=retry_after) as svc:  # fmt: skip
+    with LocalTracesService(
+        tmp_path / "t.db", fail_fraction=1.0, fail_status=status, fail_retry_after_s=retry_after
+    ) as svc:
         for i in range(5):
             resp = post_upload(svc.url, [trace(f"t-{i}")])
             assert resp.status_code == status, resp.text

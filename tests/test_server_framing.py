@@ -22,8 +22,9 @@ pytestmark = pytest.mark.timeout(60)
 CLOSE_S = 5.0
 RUN = json.dumps({"name": "r", "kind": "eval", "config": {}, "tags": []}).encode()
 # What a proxy that framed the request differently would forward as a second request.
-SMUGGLED = b"DELETE /api/v1/traces?run_id=victim HTTP/1.1\r\nHost: localhost\r\n" \
-           b"Authorization: Bearer test-token\r\n\r\n"  # fmt: skip
+SMUGGLED = (
+    b"DELETE /api/v1/traces?run_id=victim HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer test-token\r\n\r\n"
+)
 
 
 def _exchange(url: str, raw: bytes) -> tuple[list[int], bool]:
@@ -41,22 +42,27 @@ def _refused(url: str, raw: bytes, status: int = 400) -> None:
 
 @pytest.mark.parametrize("te", ["chunked", "Chunked", "gzip, chunked", "identity"])
 def test_content_length_with_transfer_encoding_is_refused(service, te):
-    head = request_head("POST", "/api/v1/runs", [("Content-Type", "application/json"),
-                        ("Content-Length", str(len(RUN))), ("Transfer-Encoding", te)])  # fmt: skip
+    head = request_head(
+        "POST",
+        "/api/v1/runs",
+        [("Content-Type", "application/json"), ("Content-Length", str(len(RUN))), ("Transfer-Encoding", te)],
+    )
     _refused(service.url, head + RUN + SMUGGLED)
     assert _runs(service) == 0
 
 
 def test_transfer_encoding_before_content_length_is_refused(service):
-    head = request_head("POST", "/api/v1/runs", [("Transfer-Encoding", "chunked"),
-                        ("Content-Length", str(len(RUN)))])  # fmt: skip
+    head = request_head("POST", "/api/v1/runs", [("Transfer-Encoding", "chunked"), ("Content-Length", str(len(RUN)))])
     _refused(service.url, head + RUN + SMUGGLED)
 
 
 def test_an_upload_with_content_length_and_transfer_encoding_is_refused(service):
     body, headers = build_upload([trace("t-1")])
-    head = request_head("POST", "/api/v1/traces", [*headers.items(), ("Content-Length", str(len(body))),
-                        ("Transfer-Encoding", "chunked")])  # fmt: skip
+    head = request_head(
+        "POST",
+        "/api/v1/traces",
+        [*headers.items(), ("Content-Length", str(len(body))), ("Transfer-Encoding", "chunked")],
+    )
     _refused(service.url, head + body + SMUGGLED)
     assert service.stats()["upload_attempts"] == 0
 
@@ -64,8 +70,7 @@ def test_an_upload_with_content_length_and_transfer_encoding_is_refused(service)
 @pytest.mark.parametrize("second", ["same", "larger", "smaller"])
 def test_two_content_length_headers_are_refused(service, second):
     other = {"same": len(RUN), "larger": len(RUN) + len(SMUGGLED), "smaller": 2}[second]
-    head = request_head("POST", "/api/v1/runs", [("Content-Length", str(len(RUN))),
-                        ("Content-Length", str(other))])  # fmt: skip
+    head = request_head("POST", "/api/v1/runs", [("Content-Length", str(len(RUN))), ("Content-Length", str(other))])
     _refused(service.url, head + RUN + SMUGGLED)
     assert _runs(service) == 0
 

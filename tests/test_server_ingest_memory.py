@@ -66,19 +66,22 @@ def test_rows_stored_in_chunks_keep_their_own_documents(tmp_path):
     with LocalTracesService(tmp_path / "t.db") as svc:
         first = [trace(f"old-{i}", run={"id": "run-old", "type": "eval"}) for i in range(10)]
         committed(post_upload(svc.url, first), jsonl(first))
-        deleted = requests.delete(f"{svc.url}/api/v1/traces", params={"run_id": "run-old"}, headers=auth(),
-                                  timeout=30)  # fmt: skip
+        deleted = requests.delete(f"{svc.url}/api/v1/traces", params={"run_id": "run-old"}, headers=auth(), timeout=30)
         assert deleted.status_code == 202
         body = small_body(MIB)
         committed(post_upload(svc.url, body), body)
         episodes = [episode(f"ep-{e}", [trace(f"m-{e}-{i}") for i in range(700)]) for e in range(4)]
         committed(post_upload(svc.url, episodes, line_format="episode"), jsonl(episodes))
         with svc.state.store.reader() as conn:
-            rows = conn.execute("SELECT t.seq, t.trace_id, t.size_bytes, t.episode_id, d.raw "
-                                "FROM traces t JOIN trace_docs d USING (seq) ORDER BY t.seq").fetchall()  # fmt: skip
-            episode_rows = conn.execute("SELECT e.seq, e.episode_id, "
-                                        "(SELECT COUNT(*) FROM traces t WHERE t.episode_seq = e.seq) AS members "
-                                        "FROM episodes e ORDER BY e.seq").fetchall()  # fmt: skip
+            rows = conn.execute(
+                "SELECT t.seq, t.trace_id, t.size_bytes, t.episode_id, d.raw "
+                "FROM traces t JOIN trace_docs d USING (seq) ORDER BY t.seq"
+            ).fetchall()
+            episode_rows = conn.execute(
+                "SELECT e.seq, e.episode_id, "
+                "(SELECT COUNT(*) FROM traces t WHERE t.episode_seq = e.seq) AS members "
+                "FROM episodes e ORDER BY e.seq"
+            ).fetchall()
             docs = conn.execute("SELECT COUNT(*) FROM trace_docs").fetchone()[0]
         lines = body.splitlines()
         assert len(rows) == docs == len(lines) + 4 * 700
@@ -86,10 +89,9 @@ def test_rows_stored_in_chunks_keep_their_own_documents(tmp_path):
         for row, line in zip(rows, lines):
             assert bytes(row["raw"]) == line
             assert row["trace_id"].encode() in line and row["size_bytes"] == len(line)
-        for row in rows[len(lines):]:
+        for row in rows[len(lines) :]:
             assert row["trace_id"].encode() in bytes(row["raw"])
             assert row["trace_id"].startswith(f"m-{row['episode_id'].removeprefix('ep-')}-")
         assert [(r["episode_id"], r["members"]) for r in episode_rows] == [(f"ep-{e}", 700) for e in range(4)]
-        raw = requests.get(f"{svc.url}/api/v1/traces/t-00000123", params={"raw": "true"}, headers=auth(),
-                           timeout=30)  # fmt: skip
+        raw = requests.get(f"{svc.url}/api/v1/traces/t-00000123", params={"raw": "true"}, headers=auth(), timeout=30)
         assert raw.content == lines[123]

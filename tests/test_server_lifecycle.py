@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from _wire import auth, build_upload, episode, jsonl, post_upload, trace
+
 from prime_traces.cli import SERVE_API_KEY_ENV
 from prime_traces.server import LocalTracesService
 
@@ -49,8 +49,10 @@ def test_committed_uploads_survive_a_restart(tmp_path):
         stats = svc.stats()
         assert (stats["uploads"], stats["replays"]) == (0, 2)
         with svc.state.store.reader() as conn:
-            docs = {r["trace_id"]: bytes(r["raw"]) for r in conn.execute(
-                "SELECT t.trace_id, d.raw FROM traces t JOIN trace_docs d USING (seq)")}  # fmt: skip
+            docs = {
+                r["trace_id"]: bytes(r["raw"])
+                for r in conn.execute("SELECT t.trace_id, d.raw FROM traces t JOIN trace_docs d USING (seq)")
+            }
             episode_ids = [r[0] for r in conn.execute("SELECT episode_id FROM episodes")]
             uploads = conn.execute("SELECT COUNT(*) FROM uploads").fetchone()[0]
         assert set(docs) == {"t-1", "t-2", "m-1", "m-2"}
@@ -81,8 +83,11 @@ class Serve:
     def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [*_serve_command(), "serve", "--db", str(tmp_path / "serve.db"), "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=env or _env(),
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            env=env or _env(),
+        )
         self.stdout = b""
 
     def read_line(self) -> str:
@@ -150,7 +155,7 @@ def _wait_for_an_upload_attempt(url: str) -> None:
 def _url(line: str) -> str:
     prefix = "listening on http://"
     assert line.startswith(prefix), line
-    host, port = line[len(prefix):].rsplit(":", 1)
+    host, port = line[len(prefix) :].rsplit(":", 1)
     assert port.isdigit() and int(port) > 0, line
     return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
 
@@ -236,8 +241,7 @@ def test_serve_stops_on_the_first_signal_while_an_upload_is_in_flight(serve):
             try:
                 _, stderr = proc.finish(timeout_s=5.0)
             except subprocess.TimeoutExpired:
-                pytest.fail(f"round {round_number}: serve ignored {signum.name} "
-                            "while an upload was in flight")  # fmt: skip
+                pytest.fail(f"round {round_number}: serve ignored {signum.name} while an upload was in flight")
             assert proc.proc.returncode == 0, stderr
             with pytest.raises((ConnectionError, http.client.HTTPException)):
                 conn.getresponse()  # the hung upload is cut off, never answered

@@ -55,19 +55,36 @@ def run(service: LocalTracesService) -> LocalTracesService:
 
 
 def test_rows_come_back_in_step_order_then_unstepped_by_time(run) -> None:
-    accepted(run, [row(5, 50.0, loss=0.5), row(None, 9.0, note="late"), row(1, 10.0, loss=1.0),
-                   row(None, 3.0, note="early"), row(3, 30.0, loss=0.7, acc=0.1)])  # fmt: skip
+    accepted(
+        run,
+        [
+            row(5, 50.0, loss=0.5),
+            row(None, 9.0, note="late"),
+            row(1, 10.0, loss=1.0),
+            row(None, 3.0, note="early"),
+            row(3, 30.0, loss=0.7, acc=0.1),
+        ],
+    )
     assert history(run) == [
-        row(1, 10.0, loss=1.0), row(3, 30.0, loss=0.7, acc=0.1), row(5, 50.0, loss=0.5),
-        row(None, 3.0, note="early"), row(None, 9.0, note="late"),
-    ]  # fmt: skip
+        row(1, 10.0, loss=1.0),
+        row(3, 30.0, loss=0.7, acc=0.1),
+        row(5, 50.0, loss=0.5),
+        row(None, 3.0, note="early"),
+        row(None, 9.0, note="late"),
+    ]
 
 
 def test_names_filter_keeps_those_names_and_skips_rows_without_them(run) -> None:
-    accepted(run, [row(1, 1.0, **{"train/loss": 1.0, "lr": 0.1}), row(2, 2.0, lr=0.2),
-                   row(3, 3.0, **{"train/loss": 0.5, "eval/acc": 0.9}), row(None, 4.0, other=1)])  # fmt: skip
-    assert history(run, names="train/loss") == [row(1, 1.0, **{"train/loss": 1.0}),
-                                                row(3, 3.0, **{"train/loss": 0.5})]  # fmt: skip
+    accepted(
+        run,
+        [
+            row(1, 1.0, **{"train/loss": 1.0, "lr": 0.1}),
+            row(2, 2.0, lr=0.2),
+            row(3, 3.0, **{"train/loss": 0.5, "eval/acc": 0.9}),
+            row(None, 4.0, other=1),
+        ],
+    )
+    assert history(run, names="train/loss") == [row(1, 1.0, **{"train/loss": 1.0}), row(3, 3.0, **{"train/loss": 0.5})]
     both = [row(1, 1.0, **{"train/loss": 1.0}), row(3, 3.0, **{"train/loss": 0.5, "eval/acc": 0.9})]
     assert history(run, names="train/loss,eval/acc") == both
     assert history(run, names=["train/loss", "eval/acc"]) == both
@@ -83,8 +100,7 @@ def test_step_bounds_are_inclusive_and_leave_out_unstepped_rows(run) -> None:
 
 
 def test_cursor_pages_cover_the_history_once(run) -> None:
-    rows = [row(step, 1000.0 - step, x=step, **({"odd": True} if step % 2 else {}))
-            for step in range(23)]  # fmt: skip
+    rows = [row(step, 1000.0 - step, x=step, **({"odd": True} if step % 2 else {})) for step in range(23)]
     rows += [row(None, 5.0, u=i) for i in range(6)]  # equal times: storage order breaks the tie
     accepted(run, rows)
     everything = history(run)
@@ -129,9 +145,20 @@ def test_unstepped_rows_are_appended(run) -> None:
 
 
 def test_values_round_trip(run) -> None:
-    metrics = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity", "flag": False, "none": None,
-               "int": 2**63, "neg": -(2**63), "float": 1.0, "tiny": 1e-300, "text": "ok/ß",
-               "": "any string is a name", "a,b": 1}  # fmt: skip
+    metrics = {
+        "nan": "NaN",
+        "inf": "Infinity",
+        "-inf": "-Infinity",
+        "flag": False,
+        "none": None,
+        "int": 2**63,
+        "neg": -(2**63),
+        "float": 1.0,
+        "tiny": 1e-300,
+        "text": "ok/ß",
+        "": "any string is a name",
+        "a,b": 1,
+    }
     accepted(run, [row(-3, 1.5, **metrics), row(2**63 - 1, 2, a=1)])
     assert history(run) == [row(-3, 1.5, **metrics), row(2**63 - 1, 2.0, a=1)]
 
@@ -139,20 +166,23 @@ def test_values_round_trip(run) -> None:
 # -- refusals ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rows", "named"), [
-    ([row(1, 1.0, ok=1), row(2, 1.0, bad=[1, 2])], ["rows[1]", "'bad'", "list"]),
-    ([row(1, 1.0, bad={"x": 1})], ["rows[0]", "'bad'", "object"]),
-    ([row(True, 1.0, a=1)], ["rows[0].step", "boolean"]),
-    ([row(1, 1.0), {"step": "x", "time": 1.0, "metrics": {}}], ["rows[1].step", "'x'"]),
-    ([row(1.5, 1.0, a=1)], ["rows[0].step", "1.5"]),
-    ([row(2**63, 1.0, a=1)], ["rows[0].step", "int64"]),
-    ([{"step": 1, "metrics": {"a": 1}}], ["rows[0].time", "missing"]),
-    ([row(1, "now", a=1)], ["rows[0].time", "'now'"]),
-    ([row(1, False, a=1)], ["rows[0].time", "boolean"]),
-    ([{"step": 1, "time": 1.0}], ["rows[0].metrics", "missing"]),
-    ([{"step": 1, "time": 1.0, "metrics": [1]}], ["rows[0].metrics", "list"]),
-    ([[1, 2]], ["rows[0]", "list"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rows", "named"),
+    [
+        ([row(1, 1.0, ok=1), row(2, 1.0, bad=[1, 2])], ["rows[1]", "'bad'", "list"]),
+        ([row(1, 1.0, bad={"x": 1})], ["rows[0]", "'bad'", "object"]),
+        ([row(True, 1.0, a=1)], ["rows[0].step", "boolean"]),
+        ([row(1, 1.0), {"step": "x", "time": 1.0, "metrics": {}}], ["rows[1].step", "'x'"]),
+        ([row(1.5, 1.0, a=1)], ["rows[0].step", "1.5"]),
+        ([row(2**63, 1.0, a=1)], ["rows[0].step", "int64"]),
+        ([{"step": 1, "metrics": {"a": 1}}], ["rows[0].time", "missing"]),
+        ([row(1, "now", a=1)], ["rows[0].time", "'now'"]),
+        ([row(1, False, a=1)], ["rows[0].time", "boolean"]),
+        ([{"step": 1, "time": 1.0}], ["rows[0].metrics", "missing"]),
+        ([{"step": 1, "time": 1.0, "metrics": [1]}], ["rows[0].metrics", "list"]),
+        ([[1, 2]], ["rows[0]", "list"]),
+    ],
+)
 def test_bad_rows_are_refused_by_index_and_name(run, rows, named) -> None:
     resp = post(run, rows)
     assert resp.status_code == 400 and error_code(resp) == "invalid_run"
@@ -180,11 +210,21 @@ def test_more_than_ten_thousand_rows_are_refused(run) -> None:
     assert history(run) == []
 
 
-@pytest.mark.parametrize("params", [
-    {"limit": 0}, {"limit": 10_001}, {"limit": "x"}, {"min_step": "x"}, {"max_step": "1.5"},
-    {"min_step": 5, "max_step": 4}, {"min_step": 2**63}, {"names": ""}, {"names": ","},
-    {"limit": [1, 2]},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": 0},
+        {"limit": 10_001},
+        {"limit": "x"},
+        {"min_step": "x"},
+        {"max_step": "1.5"},
+        {"min_step": 5, "max_step": 4},
+        {"min_step": 2**63},
+        {"names": ""},
+        {"names": ","},
+        {"limit": [1, 2]},
+    ],
+)
 def test_bad_query_values_are_invalid_filter(run, params) -> None:
     resp = api(run, "GET", f"/runs/{RUN}/metrics", params)
     assert resp.status_code == 400 and error_code(resp) == "invalid_filter", resp.text
@@ -200,8 +240,7 @@ def test_a_foreign_cursor_is_refused(run) -> None:
 
 
 def test_unknown_run_is_404(service) -> None:
-    for resp in (post(service, [row(1, 1.0, a=1)], "absent"),
-                 api(service, "GET", "/runs/absent/metrics")):  # fmt: skip
+    for resp in (post(service, [row(1, 1.0, a=1)], "absent"), api(service, "GET", "/runs/absent/metrics")):
         assert resp.status_code == 404 and error_code(resp) == "run_not_found"
 
 
@@ -222,12 +261,15 @@ def test_metrics_need_a_bearer_token(run) -> None:
 
 def test_run_summary_carries_the_metrics(run) -> None:
     assert ok(run, f"/runs/{RUN}")["metrics"] == {}
-    accepted(run, [
-        row(3, 30.0, loss=0.5, phase="warm", lr=1e-3),
-        row(1, 10.0, loss=2.0, phase="cold", ok=True),
-        row(2, 20.0, loss="NaN", ok=False),
-        row(4, 40.0, loss=1.0, lr=None, phase="Infinity"),
-    ])  # fmt: skip
+    accepted(
+        run,
+        [
+            row(3, 30.0, loss=0.5, phase="warm", lr=1e-3),
+            row(1, 10.0, loss=2.0, phase="cold", ok=True),
+            row(2, 20.0, loss="NaN", ok=False),
+            row(4, 40.0, loss=1.0, lr=None, phase="Infinity"),
+        ],
+    )
     assert ok(run, f"/runs/{RUN}")["metrics"] == {
         "loss": {"last": 1.0, "min": 0.5, "max": 2.0, "count": 4, "last_step": 4},
         "phase": {"last": "Infinity", "min": None, "max": None, "count": 3, "last_step": 4},
@@ -241,8 +283,10 @@ def test_run_summary_carries_the_metrics(run) -> None:
 
 
 def test_ten_thousand_rows_in_one_request(run) -> None:
-    rows = [row(step, 1_700_000_000.0 + step, **{f"train/m{i}": step * 0.5 + i for i in range(10)})
-            for step in range(10_000)]  # fmt: skip
+    rows = [
+        row(step, 1_700_000_000.0 + step, **{f"train/m{i}": step * 0.5 + i for i in range(10)})
+        for step in range(10_000)
+    ]
     started = time.monotonic()
     accepted(run, rows)
     assert time.monotonic() - started < 10
@@ -250,7 +294,12 @@ def test_ten_thousand_rows_in_one_request(run) -> None:
     accepted(run, rows)  # the replay reads and compares every row
     summary = ok(run, f"/runs/{RUN}")["metrics"]
     assert time.monotonic() - started < 10
-    assert summary["train/m9"] == {"last": 9999 * 0.5 + 9, "min": 9.0, "max": 9999 * 0.5 + 9,
-                                   "count": 10_000, "last_step": 9999}  # fmt: skip
+    assert summary["train/m9"] == {
+        "last": 9999 * 0.5 + 9,
+        "min": 9.0,
+        "max": 9999 * 0.5 + 9,
+        "count": 10_000,
+        "last_step": 9999,
+    }
     page = ok(run, f"/runs/{RUN}/metrics")
     assert len(page["rows"]) == 1_000 and page["rows"][-1]["step"] == 999

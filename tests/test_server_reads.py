@@ -17,14 +17,35 @@ from prime_traces.server import LocalTracesService
 
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 TRACE_FIELDS = {
-    "trace_id", "upload_id", "episode_id", "created_at", "ingested_at", "run_id",
-    "environment_id", "model", "task_id", "agent_name", "score", "execution",
-    "duration_ms", "total_tokens", "size_bytes", "context",
-}  # fmt: skip
+    "trace_id",
+    "upload_id",
+    "episode_id",
+    "created_at",
+    "ingested_at",
+    "run_id",
+    "environment_id",
+    "model",
+    "task_id",
+    "agent_name",
+    "score",
+    "execution",
+    "duration_ms",
+    "total_tokens",
+    "size_bytes",
+    "context",
+}
 EPISODE_FIELDS = {
-    "episode_id", "upload_id", "schema_version", "created_at", "ingested_at", "run_id",
-    "environment_id", "outcome", "has_error", "error",
-}  # fmt: skip
+    "episode_id",
+    "upload_id",
+    "schema_version",
+    "created_at",
+    "ingested_at",
+    "run_id",
+    "environment_id",
+    "outcome",
+    "has_error",
+    "error",
+}
 
 
 @pytest.fixture
@@ -45,21 +66,57 @@ def iso(epoch: float) -> str:
 def seeded(svc: LocalTracesService) -> dict[str, Any]:
     """Eight traces over three uploads; created_at grows with the name's position."""
     base = int(time.time()) - 3600
-    up_a = committed(upload(svc.url, [
-        make_trace("a1", start=base + 1, run_id="r-1", step=1, model="m-alpha", task_key="k1"),
-        make_trace("a2", start=base + 2, run_id="r-1", step=2, reward=0.0, model="m-beta",
-                   base_url="https://api.openai.com/v1", ok=False,
-                   errors=[{"type": "ToolError", "message": "bad tool"}]),
-        make_trace("a3", start=base + 3, run_id="r-2", reward=None, stop_condition="max_turns"),
-    ], context={"team": "red", "stage": "a"}))  # fmt: skip
-    up_b = committed(upload(svc.url, [
-        make_trace("b1", start=base + 4, run_id="r-2", step=5, reward=0.5, task_key="k2"),
-        make_trace("b2", start=base + 5, reward=2.0),
-    ], context={"team": "blue"}, coding="zstd"))  # fmt: skip
-    up_c = committed(upload(svc.url, [make_episode("e-1", [
-        make_trace("e1m1", start=base + 6, run_id="r-1", step=3),
-        make_trace("e1m2", start=base + 7, run_id="r-1", step=3, agent="critic", ok=False),
-    ], env="env-x", run_id="r-1")], episode=True, context={"team": "red"}, coding=None))  # fmt: skip
+    up_a = committed(
+        upload(
+            svc.url,
+            [
+                make_trace("a1", start=base + 1, run_id="r-1", step=1, model="m-alpha", task_key="k1"),
+                make_trace(
+                    "a2",
+                    start=base + 2,
+                    run_id="r-1",
+                    step=2,
+                    reward=0.0,
+                    model="m-beta",
+                    base_url="https://api.openai.com/v1",
+                    ok=False,
+                    errors=[{"type": "ToolError", "message": "bad tool"}],
+                ),
+                make_trace("a3", start=base + 3, run_id="r-2", reward=None, stop_condition="max_turns"),
+            ],
+            context={"team": "red", "stage": "a"},
+        )
+    )
+    up_b = committed(
+        upload(
+            svc.url,
+            [
+                make_trace("b1", start=base + 4, run_id="r-2", step=5, reward=0.5, task_key="k2"),
+                make_trace("b2", start=base + 5, reward=2.0),
+            ],
+            context={"team": "blue"},
+            coding="zstd",
+        )
+    )
+    up_c = committed(
+        upload(
+            svc.url,
+            [
+                make_episode(
+                    "e-1",
+                    [
+                        make_trace("e1m1", start=base + 6, run_id="r-1", step=3),
+                        make_trace("e1m2", start=base + 7, run_id="r-1", step=3, agent="critic", ok=False),
+                    ],
+                    env="env-x",
+                    run_id="r-1",
+                )
+            ],
+            episode=True,
+            context={"team": "red"},
+            coding=None,
+        )
+    )
     return {"base": base, "a": up_a, "b": up_b, "c": up_c}
 
 
@@ -113,20 +170,30 @@ def test_trace_list_sort(svc, seeded) -> None:
     assert ids(ok(svc, "/traces", {"sort": "-created_at"})) == ALL
 
 
-@pytest.mark.parametrize("params", [
-    {"has_error": "yes"}, {"is_truncated": "1"}, {"reward_min": "abc"}, {"reward_max": "nan"},
-    {"created_after": "yesterday"}, {"created_before": "2026-13-45"}, {"limit": "0"},
-    {"limit": "101"}, {"limit": "ten"}, {"sort": "random"}, {"run_id": ["a", "b"]},
-    {"context.": "x"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"has_error": "yes"},
+        {"is_truncated": "1"},
+        {"reward_min": "abc"},
+        {"reward_max": "nan"},
+        {"created_after": "yesterday"},
+        {"created_before": "2026-13-45"},
+        {"limit": "0"},
+        {"limit": "101"},
+        {"limit": "ten"},
+        {"sort": "random"},
+        {"run_id": ["a", "b"]},
+        {"context.": "x"},
+    ],
+)
 def test_trace_list_bad_filters(svc, params) -> None:
     resp = api(svc, "GET", "/traces", params)
     assert resp.status_code == 400
     assert error_code(resp) == "invalid_filter"
 
 
-def _walk(svc: LocalTracesService, path: str, params: dict[str, Any],
-          key: str = "trace_id") -> list[list[str]]:
+def _walk(svc: LocalTracesService, path: str, params: dict[str, Any], key: str = "trace_id") -> list[list[str]]:
     pages, cursor = [], None
     while True:
         page = ok(svc, path, {**params, **({"cursor": cursor} if cursor else {})})
@@ -169,8 +236,7 @@ def test_cursor_is_bound_to_its_filters(svc, seeded) -> None:
     assert cursor is not None
     # Same filters, another page size: still valid.
     assert ids(ok(svc, "/traces", {"run_id": "r-1", "limit": 5, "cursor": cursor})) == ["a2", "a1"]
-    for params in ({"run_id": "r-2"}, {}, {"run_id": "r-1", "has_error": "false"},
-                   {"run_id": "r-1", "sort": "oldest"}):  # fmt: skip
+    for params in ({"run_id": "r-2"}, {}, {"run_id": "r-1", "has_error": "false"}, {"run_id": "r-1", "sort": "oldest"}):
         resp = api(svc, "GET", "/traces", {**params, "cursor": cursor})
         assert resp.status_code == 400, params
         assert error_code(resp) == "invalid_cursor"
@@ -178,11 +244,17 @@ def test_cursor_is_bound_to_its_filters(svc, seeded) -> None:
     assert error_code(resp) == "invalid_cursor"
 
 
-@pytest.mark.parametrize("cursor", [
-    "garbage!", "eyJub3QiOiAiYSBjdXJzb3IifQ", base64.urlsafe_b64encode(b"[1, 2]").decode(),
-    base64.urlsafe_b64encode(b'{"v": 1, "f": "x", "k": ["a", "b"]}').decode(), "\u00e9t\u00e9",
-    base64.urlsafe_b64encode(b'{"v": 1, "k": [1.5, 2]}').decode(),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "garbage!",
+        "eyJub3QiOiAiYSBjdXJzb3IifQ",
+        base64.urlsafe_b64encode(b"[1, 2]").decode(),
+        base64.urlsafe_b64encode(b'{"v": 1, "f": "x", "k": ["a", "b"]}').decode(),
+        "\u00e9t\u00e9",
+        base64.urlsafe_b64encode(b'{"v": 1, "k": [1.5, 2]}').decode(),
+    ],
+)
 def test_garbage_cursor(svc, seeded, cursor) -> None:
     resp = api(svc, "GET", "/traces", {"cursor": cursor})
     assert resp.status_code == 400
@@ -229,8 +301,10 @@ def test_trace_ids_are_percent_decoded(svc) -> None:
 
 def test_raw_is_the_stored_bytes(svc) -> None:
     start = time.time() - 30
-    line = ('{"id": "raw-1",  "text": "h\u00e9llo \u2713 \U0001f600", "escaped": "\\u00e9",'
-            f' "timing": {{"start": {start!r}}}, "pad": "{"x" * 700_000}"}}').encode()  # fmt: skip
+    line = (
+        '{"id": "raw-1",  "text": "h\u00e9llo \u2713 \U0001f600", "escaped": "\\u00e9",'
+        f' "timing": {{"start": {start!r}}}, "pad": "{"x" * 700_000}"}}'
+    ).encode()
     committed(upload(svc.url, [line]))
     resp = api(svc, "GET", "/traces/raw-1", {"raw": "true"})
     assert resp.status_code == 200
@@ -266,19 +340,57 @@ def test_missing_trace_is_404(svc) -> None:
 @pytest.fixture
 def episodes(svc: LocalTracesService) -> dict[str, Any]:
     base = int(time.time()) - 3600
-    up_1 = committed(upload(svc.url, [make_episode("e-1", [
-        make_trace("e1a", start=base + 10, run_id="r-1", step=3, total_tokens=100),
-        make_trace("e1b", start=base + 11, run_id="r-1", step=3, total_tokens=40),
-    ], env="env-x", run_id="r-1")], episode=True, context={"team": "red"}))  # fmt: skip
-    up_2 = committed(upload(svc.url, [make_episode("e-2", [
-        make_trace("e2a", start=base + 20, run_id="r-2", step=7, total_tokens=100, duration_s=2.5),
-        make_trace("e2b", start=base + 21, run_id="r-2", step=9, total_tokens=50, duration_s=1.0,
-                   agent="critic", ok=False),
-        make_trace("e2c", start=base + 22, run_id="r-2", step=9, total_tokens=1, duration_s=0.25),
-    ], env="env-y", run_id="r-2", outcome="failed", ok=False,
-        errors=[{"type": "Boot", "message": "first"}, {"type": "Timeout", "message": "too slow"}]),
-        make_episode("e-3", [], env="env-x", run_id="r-1", outcome=None),
-    ], episode=True, context={"team": "blue"}, coding="zstd"))  # fmt: skip
+    up_1 = committed(
+        upload(
+            svc.url,
+            [
+                make_episode(
+                    "e-1",
+                    [
+                        make_trace("e1a", start=base + 10, run_id="r-1", step=3, total_tokens=100),
+                        make_trace("e1b", start=base + 11, run_id="r-1", step=3, total_tokens=40),
+                    ],
+                    env="env-x",
+                    run_id="r-1",
+                )
+            ],
+            episode=True,
+            context={"team": "red"},
+        )
+    )
+    up_2 = committed(
+        upload(
+            svc.url,
+            [
+                make_episode(
+                    "e-2",
+                    [
+                        make_trace("e2a", start=base + 20, run_id="r-2", step=7, total_tokens=100, duration_s=2.5),
+                        make_trace(
+                            "e2b",
+                            start=base + 21,
+                            run_id="r-2",
+                            step=9,
+                            total_tokens=50,
+                            duration_s=1.0,
+                            agent="critic",
+                            ok=False,
+                        ),
+                        make_trace("e2c", start=base + 22, run_id="r-2", step=9, total_tokens=1, duration_s=0.25),
+                    ],
+                    env="env-y",
+                    run_id="r-2",
+                    outcome="failed",
+                    ok=False,
+                    errors=[{"type": "Boot", "message": "first"}, {"type": "Timeout", "message": "too slow"}],
+                ),
+                make_episode("e-3", [], env="env-x", run_id="r-1", outcome=None),
+            ],
+            episode=True,
+            context={"team": "blue"},
+            coding="zstd",
+        )
+    )
     return {"base": base, "1": up_1, "2": up_2}
 
 
@@ -339,15 +451,28 @@ def test_episode_detail_aggregates(svc, episodes) -> None:
     assert e2["has_error"] is True
     assert e2["error"] == {"type": "Timeout", "message": "too slow"}
     assert e2["traces"] == {
-        "trace_count": 3, "total_tokens": 151, "total_duration_ms": 3750,
-        "any_trace_error": True, "agent_names": ["critic", "solver"],
-    }  # fmt: skip
+        "trace_count": 3,
+        "total_tokens": 151,
+        "total_duration_ms": 3750,
+        "any_trace_error": True,
+        "agent_names": ["critic", "solver"],
+    }
     e1 = ok(svc, "/episodes/e-1")["traces"]
-    assert e1 == {"trace_count": 2, "total_tokens": 140, "total_duration_ms": 5000,
-                  "any_trace_error": False, "agent_names": ["solver"]}  # fmt: skip
+    assert e1 == {
+        "trace_count": 2,
+        "total_tokens": 140,
+        "total_duration_ms": 5000,
+        "any_trace_error": False,
+        "agent_names": ["solver"],
+    }
     empty = ok(svc, "/episodes/e-3")
-    assert empty["traces"] == {"trace_count": 0, "total_tokens": 0, "total_duration_ms": 0,
-                               "any_trace_error": False, "agent_names": []}  # fmt: skip
+    assert empty["traces"] == {
+        "trace_count": 0,
+        "total_tokens": 0,
+        "total_duration_ms": 0,
+        "any_trace_error": False,
+        "agent_names": [],
+    }
 
 
 def test_episode_raw_has_member_ids(svc) -> None:
@@ -383,11 +508,20 @@ def test_missing_episode_is_404(svc) -> None:
 
 def test_newest_episode_copy_wins(svc) -> None:
     start = time.time() - 100
-    committed(upload(svc.url, [make_episode("again", [make_trace("x1", start=start)], outcome="one")],
-                     episode=True))  # fmt: skip
-    second = committed(upload(svc.url, [make_episode(
-        "again", [make_trace("y1", start=start), make_trace("y2", start=start + 1)], outcome="two",
-    )], episode=True))  # fmt: skip
+    committed(upload(svc.url, [make_episode("again", [make_trace("x1", start=start)], outcome="one")], episode=True))
+    second = committed(
+        upload(
+            svc.url,
+            [
+                make_episode(
+                    "again",
+                    [make_trace("y1", start=start), make_trace("y2", start=start + 1)],
+                    outcome="two",
+                )
+            ],
+            episode=True,
+        )
+    )
     detail = ok(svc, "/episodes/again")
     assert detail["upload_id"] == second and detail["outcome"] == "two"
     assert detail["traces"]["trace_count"] == 2

@@ -16,10 +16,22 @@ from prime_traces.server._http import producer_of
 
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 RUN_FIELDS = {
-    "run_id", "first_trace_created_at", "last_trace_created_at", "last_trace_ingested_at",
-    "trace_count", "episode_count", "avg_reward", "step_min", "step_max", "step_count",
-    "has_error", "first_user_id", "environment_ids", "model_ids", "context",
-}  # fmt: skip
+    "run_id",
+    "first_trace_created_at",
+    "last_trace_created_at",
+    "last_trace_ingested_at",
+    "trace_count",
+    "episode_count",
+    "avg_reward",
+    "step_min",
+    "step_max",
+    "step_count",
+    "has_error",
+    "first_user_id",
+    "environment_ids",
+    "model_ids",
+    "context",
+}
 LIFECYCLE_FIELDS = {"name", "kind", "status", "config", "summary", "error", "created_at", "finished_at"}
 
 
@@ -42,15 +54,37 @@ def run_ids(page: dict[str, Any]) -> list[str]:
 
 def test_run_summary_from_traces(svc) -> None:
     base = int(time.time()) - 3600
-    committed(upload(svc.url, [
-        make_trace("t1", start=base + 10, run_id="r-1", step=1, reward=1.0, model="m-b"),
-        make_trace("t2", start=base + 20, run_id="r-1", step=1, reward=None, model="m-a"),
-        make_trace("other", start=base + 5, run_id="r-2"),
-    ], context={"source": "prime-runs", "run_type": "eval"}, token="alice"))  # fmt: skip
-    committed(upload(svc.url, [make_episode("e-1", [
-        make_trace("t3", start=base + 30, run_id="r-1", step=4, reward=0.0, model="m-a", ok=False),
-        make_trace("t4", start=base + 2, run_id="r-1", step=2, reward=0.5, model="m-b"),
-    ], env="env-z", run_id="r-1")], episode=True, context={"source": "other"}, token="bob"))  # fmt: skip
+    committed(
+        upload(
+            svc.url,
+            [
+                make_trace("t1", start=base + 10, run_id="r-1", step=1, reward=1.0, model="m-b"),
+                make_trace("t2", start=base + 20, run_id="r-1", step=1, reward=None, model="m-a"),
+                make_trace("other", start=base + 5, run_id="r-2"),
+            ],
+            context={"source": "prime-runs", "run_type": "eval"},
+            token="alice",
+        )
+    )
+    committed(
+        upload(
+            svc.url,
+            [
+                make_episode(
+                    "e-1",
+                    [
+                        make_trace("t3", start=base + 30, run_id="r-1", step=4, reward=0.0, model="m-a", ok=False),
+                        make_trace("t4", start=base + 2, run_id="r-1", step=2, reward=0.5, model="m-b"),
+                    ],
+                    env="env-z",
+                    run_id="r-1",
+                )
+            ],
+            episode=True,
+            context={"source": "other"},
+            token="bob",
+        )
+    )
     summary = ok(svc, "/runs/r-1")
     assert RUN_FIELDS | LIFECYCLE_FIELDS <= set(summary)
     assert summary["run_id"] == "r-1"
@@ -79,36 +113,53 @@ def test_unknown_run_is_404(svc) -> None:
 
 def test_run_steps(svc) -> None:
     base = int(time.time()) - 600
-    committed(upload(svc.url, [
-        make_trace("s1", start=base, run_id="r", step=1, reward=1.0),
-        make_trace("s2", start=base, run_id="r", step=1, reward=0.0),
-        make_trace("s5", start=base, run_id="r", step=5, reward=None),
-        make_trace("none", start=base, run_id="r"),
-        make_trace("elsewhere", start=base, run_id="q", step=3),
-    ]))  # fmt: skip
-    committed(upload(svc.url, [make_episode("ep", [
-        make_trace("s2b", start=base, run_id="r", step=2, reward=0.5),
-        make_trace("s2c", start=base, run_id="r", step=2, reward=1.5),
-    ], run_id="r")], episode=True))  # fmt: skip
+    committed(
+        upload(
+            svc.url,
+            [
+                make_trace("s1", start=base, run_id="r", step=1, reward=1.0),
+                make_trace("s2", start=base, run_id="r", step=1, reward=0.0),
+                make_trace("s5", start=base, run_id="r", step=5, reward=None),
+                make_trace("none", start=base, run_id="r"),
+                make_trace("elsewhere", start=base, run_id="q", step=3),
+            ],
+        )
+    )
+    committed(
+        upload(
+            svc.url,
+            [
+                make_episode(
+                    "ep",
+                    [
+                        make_trace("s2b", start=base, run_id="r", step=2, reward=0.5),
+                        make_trace("s2c", start=base, run_id="r", step=2, reward=1.5),
+                    ],
+                    run_id="r",
+                )
+            ],
+            episode=True,
+        )
+    )
     steps = ok(svc, "/runs/r/steps")
     assert steps == {
-        "step_min": 1, "step_max": 5, "step_count": 3,
+        "step_min": 1,
+        "step_max": 5,
+        "step_count": 3,
         "items": [
             {"step": 1, "trace_count": 2, "episode_count": 0, "avg_reward": 0.5},
             {"step": 2, "trace_count": 2, "episode_count": 1, "avg_reward": 1.0},
             {"step": 5, "trace_count": 1, "episode_count": 0, "avg_reward": None},
         ],
-    }  # fmt: skip
-    assert ok(svc, "/runs/unknown/steps") == {"step_min": None, "step_max": None, "step_count": 0,
-                                              "items": []}  # fmt: skip
+    }
+    assert ok(svc, "/runs/unknown/steps") == {"step_min": None, "step_max": None, "step_count": 0, "items": []}
 
 
 # -- lifecycle ---------------------------------------------------------------
 
 
 def test_create_run_without_traces(svc) -> None:
-    resp = api(svc, "POST", "/runs", json={"name": "sweep", "kind": "train", "config": {"lr": 0.1},
-                                           "tags": ["a", "b"]})  # fmt: skip
+    resp = api(svc, "POST", "/runs", json={"name": "sweep", "kind": "train", "config": {"lr": 0.1}, "tags": ["a", "b"]})
     assert resp.status_code == 201, resp.text
     run = resp.json()
     assert re.match(r"^run-[0-9a-f]{12}$", run["id"])
@@ -128,15 +179,17 @@ def test_create_run_without_traces(svc) -> None:
     assert summary["config"] == {"lr": 0.1} and summary["summary"] == {}
     assert summary["error"] is None and summary["finished_at"] is None
     assert summary["created_at"] == run["created_at"]
-    assert ok(svc, "/runs/%s/steps" % run["id"])["items"] == []
+    assert ok(svc, f"/runs/{run['id']}/steps")["items"] == []
 
 
 def test_create_with_existing_id_returns_it_unchanged(svc) -> None:
-    first = api(svc, "POST", "/runs", json={"name": "one", "kind": "eval", "config": {"k": 1},
-                                            "tags": [], "id": "my-run"})  # fmt: skip
+    first = api(
+        svc, "POST", "/runs", json={"name": "one", "kind": "eval", "config": {"k": 1}, "tags": [], "id": "my-run"}
+    )
     assert first.status_code == 201 and first.json()["id"] == "my-run"
-    again = api(svc, "POST", "/runs", json={"name": "two", "kind": "train", "config": {"k": 2},
-                                            "tags": ["x"], "id": "my-run"})  # fmt: skip
+    again = api(
+        svc, "POST", "/runs", json={"name": "two", "kind": "train", "config": {"k": 2}, "tags": ["x"], "id": "my-run"}
+    )
     assert again.status_code in (200, 201)
     body = again.json()
     assert (body["name"], body["kind"], body["config"], body["tags"]) == ("one", "eval", {"k": 1}, [])
@@ -153,12 +206,20 @@ def test_lifecycle_run_gathers_its_traces(svc) -> None:
     assert summary["status"] == "running" and summary["created_at"] == run["created_at"]
 
 
-@pytest.mark.parametrize("body", [
-    {"name": "x"}, {"name": "x", "kind": "rl"}, {"name": 3, "kind": "eval"},
-    {"name": "x", "kind": "eval", "config": [1]}, {"name": "x", "kind": "eval", "tags": "a"},
-    {"name": "x", "kind": "eval", "id": "a/b"}, {"name": "x", "kind": "eval", "id": ""},
-    {"name": "x", "kind": "eval", "id": 5}, [1, 2],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "x"},
+        {"name": "x", "kind": "rl"},
+        {"name": 3, "kind": "eval"},
+        {"name": "x", "kind": "eval", "config": [1]},
+        {"name": "x", "kind": "eval", "tags": "a"},
+        {"name": "x", "kind": "eval", "id": "a/b"},
+        {"name": "x", "kind": "eval", "id": ""},
+        {"name": "x", "kind": "eval", "id": 5},
+        [1, 2],
+    ],
+)
 def test_create_run_bad_body(svc, body) -> None:
     resp = api(svc, "POST", "/runs", json=body)
     assert resp.status_code == 400 and error_code(resp) == "invalid_run"
@@ -170,8 +231,9 @@ def test_create_run_body_not_json(svc) -> None:
 
 
 def test_patch_merges_and_finishes(svc) -> None:
-    run = api(svc, "POST", "/runs", json={"name": "n", "kind": "train", "config": {"a": 1, "b": 2},
-                                          "tags": [], "id": "p-1"}).json()  # fmt: skip
+    run = api(
+        svc, "POST", "/runs", json={"name": "n", "kind": "train", "config": {"a": 1, "b": 2}, "tags": [], "id": "p-1"}
+    ).json()
     resp = api(svc, "PATCH", "/runs/p-1", json={"config": {"b": 3, "c": 4}, "summary": {"loss": 0.5}})
     assert resp.status_code == 200, resp.text
     assert resp.json()["config"] == {"a": 1, "b": 3, "c": 4}
@@ -207,10 +269,17 @@ def test_patch_unknown_run_is_404(svc) -> None:
     assert resp.status_code == 404 and error_code(resp) == "run_not_found"
 
 
-@pytest.mark.parametrize("body", [
-    {"status": "done"}, {"config": "x"}, {"summary": [1]}, {"error": "no status"},
-    {"status": 1}, ["x"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"status": "done"},
+        {"config": "x"},
+        {"summary": [1]},
+        {"error": "no status"},
+        {"status": 1},
+        ["x"],
+    ],
+)
 def test_patch_bad_body(svc, body) -> None:
     api(svc, "POST", "/runs", json={"name": "n", "kind": "eval", "config": {}, "tags": [], "id": "b-1"})
     resp = api(svc, "PATCH", "/runs/b-1", json=body)
@@ -234,14 +303,11 @@ def test_patch_adopts_a_run_known_from_traces(svc) -> None:
 def runs(svc: LocalTracesService) -> dict[str, Any]:
     """Five runs; listed newest-ingested first as: r-a, life, r-c, r-b, r-d."""
     base = int(time.time()) - 3600
-    committed(upload(svc.url, [make_trace("d1", start=base + 1, run_id="r-d", run_type="weird")],
-                     token="bob"))  # fmt: skip
+    committed(upload(svc.url, [make_trace("d1", start=base + 1, run_id="r-d", run_type="weird")], token="bob"))
     committed(upload(svc.url, [make_trace("a1", start=base + 10, run_id="r-a")], token="alice"))
-    committed(upload(svc.url, [make_trace("b1", start=base + 20, run_id="r-b", run_type="train")],
-                     token="bob"))  # fmt: skip
+    committed(upload(svc.url, [make_trace("b1", start=base + 20, run_id="r-b", run_type="train")], token="bob"))
     committed(upload(svc.url, [make_trace("c1", start=base + 30, run_id="r-c")], token="alice"))
-    life = api(svc, "POST", "/runs", json={"name": "l", "kind": "train", "config": {}, "tags": [],
-                                           "id": "life"})  # fmt: skip
+    life = api(svc, "POST", "/runs", json={"name": "l", "kind": "train", "config": {}, "tags": [], "id": "life"})
     assert life.status_code == 201
     committed(upload(svc.url, [make_trace("a2", start=base + 40, run_id="r-a")], token="bob"))
     return {"base": base}
@@ -256,15 +322,18 @@ def test_runs_list_order(svc, runs) -> None:
     assert page["items"][0]["trace_count"] == 2 and page["items"][1]["trace_count"] == 0
 
 
-@pytest.mark.parametrize(("params", "expected"), [
-    ({"run_type": "train"}, ["life", "r-b"]),
-    ({"run_type": "eval"}, ["r-a", "r-c"]),
-    ({"run_type": "unknown"}, ["r-d"]),
-    ({"run_type": ["unknown", "train"]}, ["life", "r-b", "r-d"]),
-    ({"created_by": producer_of("alice")}, ["r-a", "r-c"]),
-    ({"created_by": [producer_of("bob"), producer_of("test-token")]}, ["life", "r-b", "r-d"]),
-    ({"created_by": "nobody"}, []),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"run_type": "train"}, ["life", "r-b"]),
+        ({"run_type": "eval"}, ["r-a", "r-c"]),
+        ({"run_type": "unknown"}, ["r-d"]),
+        ({"run_type": ["unknown", "train"]}, ["life", "r-b", "r-d"]),
+        ({"created_by": producer_of("alice")}, ["r-a", "r-c"]),
+        ({"created_by": [producer_of("bob"), producer_of("test-token")]}, ["life", "r-b", "r-d"]),
+        ({"created_by": "nobody"}, []),
+    ],
+)
 def test_runs_list_filters(svc, runs, params, expected) -> None:
     assert run_ids(ok(svc, "/runs", params)) == expected
 
@@ -272,8 +341,10 @@ def test_runs_list_filters(svc, runs, params, expected) -> None:
 def test_runs_list_time_filters(svc, runs) -> None:
     base = runs["base"]
     assert run_ids(ok(svc, "/runs", {"created_before": iso(base + 20)})) == ["r-a", "r-d"]
-    assert run_ids(ok(svc, "/runs", {"created_after": iso(base + 20),
-                                     "created_before": iso(base + 31)})) == ["r-c", "r-b"]  # fmt: skip
+    assert run_ids(ok(svc, "/runs", {"created_after": iso(base + 20), "created_before": iso(base + 31)})) == [
+        "r-c",
+        "r-b",
+    ]
     assert "life" in run_ids(ok(svc, "/runs", {"created_after": iso(time.time() - 60)}))
 
 
@@ -291,9 +362,15 @@ def test_runs_list_pages(svc, runs) -> None:
     assert resp.status_code == 400 and error_code(resp) == "invalid_cursor"
 
 
-@pytest.mark.parametrize("params", [
-    {"run_type": "rl"}, {"created_after": "soon"}, {"limit": "0"}, {"limit": "1000"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"run_type": "rl"},
+        {"created_after": "soon"},
+        {"limit": "0"},
+        {"limit": "1000"},
+    ],
+)
 def test_runs_list_bad_filters(svc, params) -> None:
     resp = api(svc, "GET", "/runs", params)
     assert resp.status_code == 400 and error_code(resp) == "invalid_filter"

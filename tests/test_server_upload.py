@@ -16,26 +16,6 @@ from typing import Any
 
 import pytest
 import zstandard
-
-from _wire import (
-    ACCEPT_ENCODING,
-    build_upload,
-    digest_key,
-    episode,
-    jsonl,
-    post_upload,
-    trace,
-)
-from prime_traces.server import LocalTracesService
-from prime_traces._lines import (
-    MAX_ENVIRONMENT_ID_CHARS,
-    MAX_EPISODE_ID_CHARS,
-    MAX_LINE_BYTES,
-    MAX_ROWS_PER_UPLOAD,
-    MAX_TRACES_PER_EPISODE,
-)
-from prime_traces.server._state import MAX_UNCOMPRESSED_BYTES
-
 from _upload_checks import (
     DAY_S,
     MIB,
@@ -48,7 +28,25 @@ from _upload_checks import (
     zeros_key,
     zeros_stream,
 )
+from _wire import (
+    ACCEPT_ENCODING,
+    build_upload,
+    digest_key,
+    episode,
+    jsonl,
+    post_upload,
+    trace,
+)
 
+from prime_traces._lines import (
+    MAX_ENVIRONMENT_ID_CHARS,
+    MAX_EPISODE_ID_CHARS,
+    MAX_LINE_BYTES,
+    MAX_ROWS_PER_UPLOAD,
+    MAX_TRACES_PER_EPISODE,
+)
+from prime_traces.server import LocalTracesService
+from prime_traces.server._state import MAX_UNCOMPRESSED_BYTES
 
 # -- formats and codings --------------------------------------------------------
 
@@ -92,8 +90,7 @@ def test_trace_upload_is_committed_and_stored_verbatim(service, case):
     assert (stats["uploads"], stats["lines"], stats["uncompressed_bytes"]) == (1, 3, len(body))
     with service.state.store.reader() as conn:
         rows = conn.execute(
-            "SELECT t.trace_id, t.episode_id, t.context, d.raw FROM traces t "
-            "JOIN trace_docs d USING (seq) ORDER BY seq"
+            "SELECT t.trace_id, t.episode_id, t.context, d.raw FROM traces t JOIN trace_docs d USING (seq) ORDER BY seq"
         ).fetchall()
     assert [r["trace_id"] for r in rows] == ["t-0", "t-1", "t-2"]
     assert [bytes(r["raw"]) for r in rows] == body.splitlines()
@@ -110,15 +107,19 @@ def test_episode_upload_is_committed_with_its_members(service, coding):
     body = jsonl(docs)
     committed(post_upload(service.url, docs, line_format="episode", coding=coding), body)
     assert counts(service) == {
-        "uploads": 1, "traces": 3, "trace_docs": 3, "episodes": 3, "episode_docs": 3,
-    }  # fmt: skip
+        "uploads": 1,
+        "traces": 3,
+        "trace_docs": 3,
+        "episodes": 3,
+        "episode_docs": 3,
+    }
     with service.state.store.reader() as conn:
-        members = conn.execute(
-            "SELECT trace_id, episode_id, environment_id FROM traces ORDER BY seq"
-        ).fetchall()
+        members = conn.execute("SELECT trace_id, episode_id, environment_id FROM traces ORDER BY seq").fetchall()
     assert [tuple(r) for r in members] == [
-        ("m-1", "ep-1", "env-1"), ("m-2", "ep-1", "env-1"), ("m-3", "ep-2", "env-2"),
-    ]  # fmt: skip
+        ("m-1", "ep-1", "env-1"),
+        ("m-2", "ep-1", "env-1"),
+        ("m-3", "ep-2", "env-2"),
+    ]
 
 
 def test_replay_returns_the_same_receipt_and_stores_nothing(service):
@@ -401,9 +402,7 @@ INVALID_TRACES = {
     "int-id": (trace(7), None, "trace"),  # type: ignore[arg-type]
     "null-id": (trace(None), None, "trace"),  # type: ignore[arg-type]
     "episode-no-id": (episode("", [trace("m-2")]), None, "episode"),
-    "member-without-id": (
-        episode("ep-2", [trace("m-2"), {"timing": {"start": time.time()}}]), "ep-2", "episode"
-    ),
+    "member-without-id": (episode("ep-2", [trace("m-2"), {"timing": {"start": time.time()}}]), "ep-2", "episode"),
     "member-empty-id": (episode("ep-2", [trace("")]), "ep-2", "episode"),
     "member-not-object": (episode("ep-2", [trace("m-2"), "m-3"]), "ep-2", "episode"),
 }
@@ -486,10 +485,8 @@ def test_created_at_inside_the_window_is_accepted(service):
     "fmt, lines, record_id",
     [
         ("trace", [trace("t-1"), trace("t-2"), trace("t-1")], "t-1"),
-        ("episode", [episode("ep-1", [trace("m-1")]),
-                     episode("ep-2", [trace("m-2"), trace("m-1")])], "ep-2"),
-        ("episode", [episode("ep-1", [trace("m-0")]),
-                     episode("ep-2", [trace("m-1"), trace("m-1")])], "ep-2"),
+        ("episode", [episode("ep-1", [trace("m-1")]), episode("ep-2", [trace("m-2"), trace("m-1")])], "ep-2"),
+        ("episode", [episode("ep-1", [trace("m-0")]), episode("ep-2", [trace("m-1"), trace("m-1")])], "ep-2"),
     ],
     ids=["trace-lines", "members-of-two-episodes", "members-of-one-episode"],
 )

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
+from _upload_checks import (
+    assert_nothing_stored,
+    committed,
+    counts,
+    error_of,
+    line_error,
+    zeros_stream,
+)
 from _wire import (
     ACCEPT_ENCODING,
     build_upload,
@@ -13,17 +20,8 @@ from _wire import (
     post_upload,
     trace,
 )
+
 from prime_traces.server import LocalTracesService
-
-from _upload_checks import (
-    assert_nothing_stored,
-    committed,
-    counts,
-    error_of,
-    line_error,
-    zeros_stream,
-)
-
 
 # -- all or nothing ---------------------------------------------------------------
 

@@ -51,8 +51,9 @@ def test_a_run_started_after_one_finished_off_the_main_thread_is_finished_by_a_s
         while True:  # a training loop that never ends by itself
             sum(range(1000))
         """,
-        service, tmp_path,
-    )  # fmt: skip
+        service,
+        tmp_path,
+    )
     first_id, second_id = first_line(proc).split()
     proc.send_signal(signum)
     _out, err = finish_process(proc)
@@ -80,7 +81,9 @@ NATIVE_BLOCK_S = 30
 # Well under NATIVE_BLOCK_S: the process must not wait for the native call to return.
 PROMPT_END_S = 15
 
-LOCKED_SCRIPT = NATIVE_BLOCK + """
+LOCKED_SCRIPT = (
+    NATIVE_BLOCK
+    + """
 import logging, signal, threading
 logging.basicConfig()  # the package's warnings to stderr
 run = prime_runs.init("locked", finish_timeout_s=10)
@@ -118,6 +121,7 @@ if os.environ.get("THEN") == "native":
 while True:  # a training loop that never ends by itself
     sum(range(1000))
 """
+)
 
 
 @pytest.mark.parametrize("held", ["queue", "accounting"])
@@ -141,11 +145,16 @@ def test_a_signal_while_the_main_thread_holds_a_worker_lock_still_flushes_and_re
     assert sorted(stored_episodes(service)) == [f"e{i}" for i in range(5)] + ["s0"]
 
 
-def test_sigterm_under_a_lock_then_a_long_native_call_still_ends_the_process_promptly(
-    service, held_uploads, tmp_path
-):
-    proc = start(LOCKED_SCRIPT, service, tmp_path, HELD_LOCK="queue", SIGNAL_NAME="SIGTERM",
-                 THEN="native", BLOCK_S=str(NATIVE_BLOCK_S))  # fmt: skip
+def test_sigterm_under_a_lock_then_a_long_native_call_still_ends_the_process_promptly(service, held_uploads, tmp_path):
+    proc = start(
+        LOCKED_SCRIPT,
+        service,
+        tmp_path,
+        HELD_LOCK="queue",
+        SIGNAL_NAME="SIGTERM",
+        THEN="native",
+        BLOCK_S=str(NATIVE_BLOCK_S),
+    )
     run_id = first_line(proc)
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
@@ -161,7 +170,9 @@ def test_sigterm_under_a_lock_then_a_long_native_call_still_ends_the_process_pro
     assert sorted(stored_episodes(service)) == [f"e{i}" for i in range(5)] + ["s0"]
 
 
-USER_CODE_SCRIPT = NATIVE_BLOCK + """
+USER_CODE_SCRIPT = (
+    NATIVE_BLOCK
+    + """
 import prime_runs._shutdown
 run = prime_runs.init("native", finish_timeout_s=10)
 run.log_episodes(episodes("e", 5))  # held at the service until the signal is sent
@@ -171,6 +182,7 @@ while prime_runs._shutdown._episode is None:  # training, in plain user code, un
 print("back to training", flush=True)
 block_natively(int(os.environ["BLOCK_S"]))
 """
+)
 
 
 def test_sigterm_in_user_code_ends_the_process_before_a_long_native_call(service, held_uploads, tmp_path):

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 import zstandard
-
 from _run_helpers import KEY, MARKER, episodes, get_run, isolated, local_records, stored_episodes  # noqa: F401
 from _wire import trace
+
 import prime_runs
 from prime_runs import cli
 from prime_runs._progress import Progress
@@ -67,7 +67,12 @@ def test_an_offline_run_arrives_whole_and_a_second_sync_stores_nothing(isolated,
         bare = [r[0] for r in conn.execute("SELECT trace_id FROM traces WHERE episode_id IS NULL")]
     assert sorted(bare) == ["bare-1", "bare-2"]
     remote = get_run(service, run.id)
-    assert (remote["name"], remote["kind"], remote["status"], remote["tags"]) == ("offline-run", "eval", "completed", ["t1"])
+    assert (remote["name"], remote["kind"], remote["status"], remote["tags"]) == (
+        "offline-run",
+        "eval",
+        "completed",
+        ["t1"],
+    )
     assert remote["config"] == {"lr": 1e-6}
     counts = {"_records/logged": 42, "_records/saved": 42, "_records/dropped": 0, "_records/failed": 0}
     assert remote["summary"] == {"reward": 0.3, "loss": 0.25, "step": 3, **counts}
@@ -89,16 +94,30 @@ def test_an_offline_run_arrives_as_the_same_run_online_would_have(isolated, tmp_
         run.finish(summary={"final": True}, status="failed", error="diverged")
 
     with LocalTracesService(tmp_path / "a.db") as first, LocalTracesService(tmp_path / "b.db") as second:
-        online_run = prime_runs.init("twin", kind="train", config={"lr": 1}, api_key=KEY, base_url=first.url,
-                                     handle_signals=False, id="twin-run")  # fmt: skip
+        online_run = prime_runs.init(
+            "twin", kind="train", config={"lr": 1}, api_key=KEY, base_url=first.url, handle_signals=False, id="twin-run"
+        )
         same_run(online_run)
         offline_run = offline(isolated / "runs", name="twin", kind="train", config={"lr": 1}, id="twin-run")
         same_run(offline_run)
         code, _out, err = sync(capsys, second, offline_run.dir)
         assert code == 0, err
         a, b = get_run(first, "twin-run"), get_run(second, "twin-run")
-        fields = ("name", "kind", "status", "config", "summary", "tags", "error", "trace_count", "episode_count",
-                  "context", "step_min", "step_max", "avg_reward")  # fmt: skip
+        fields = (
+            "name",
+            "kind",
+            "status",
+            "config",
+            "summary",
+            "tags",
+            "error",
+            "trace_count",
+            "episode_count",
+            "context",
+            "step_min",
+            "step_max",
+            "avg_reward",
+        )
         # The summary's record counts differ by mode: stored online, saved (to the run directory) offline.
         assert a["summary"].pop("_records/stored") == b["summary"].pop("_records/saved") == 5
         assert a["summary"].pop("_records/spooled") == 0
@@ -121,7 +140,9 @@ def test_refused_lines_are_set_aside_and_the_rest_goes_on(isolated, tmp_path, ca
         code, out, err = sync(capsys, svc, run.dir)
         assert code == 3, err
         assert "4 records refused (4 just now)" in out
-        assert sorted(stored_episodes(svc)) == sorted(r["id"] for i, r in enumerate(records) if i not in (3, 17, 18, 39))
+        assert sorted(stored_episodes(svc)) == sorted(
+            r["id"] for i, r in enumerate(records) if i not in (3, 17, 18, 39)
+        )
         kept = local_records(run.dir, "rejected")
         assert sorted(k["id"] for k in kept) == ["e17", "e18", "e3", "e39"]
         assert {k["reason"] for k in kept} == {"rejected:invalid_trace"}
@@ -238,8 +259,9 @@ def test_a_run_still_being_written_is_synced_in_passes(isolated, service, capsys
 def test_a_spool_without_run_json_is_uploaded_under_its_directorys_run(isolated, service, capsys):
     run_dir = isolated / "runs" / "rank-run"
     writer = SegmentWriter(str(run_dir), "trace")
-    writer.append([Frame([orjson.dumps({**trace(f"t{i}"), "run": {"id": "rank-run", "type": "eval"}})
-                          for i in range(3)])])  # fmt: skip
+    writer.append(
+        [Frame([orjson.dumps({**trace(f"t{i}"), "run": {"id": "rank-run", "type": "eval"}}) for i in range(3)])]
+    )
     writer.close()
     code, out, err = sync(capsys, service, str(run_dir))
     assert code == 0, err
@@ -337,8 +359,10 @@ def test_progress_is_one_rewritten_line_on_a_terminal_and_plain_lines_elsewhere(
         progress.advance(25, 1_000_000)
     progress.close()
     lines = plain.getvalue().splitlines()
-    assert lines == ["run-1: 50/100 records, 2.0 MB/4.0 MB, 200.0 KB/s, 0:10 left",
-                     "run-1: 100/100 records, 4.0 MB/4.0 MB, 200.0 KB/s"]  # fmt: skip
+    assert lines == [
+        "run-1: 50/100 records, 2.0 MB/4.0 MB, 200.0 KB/s, 0:10 left",
+        "run-1: 100/100 records, 4.0 MB/4.0 MB, 200.0 KB/s",
+    ]
     plain = io.StringIO()
     progress = Progress("run-1", stream=plain, clock=clock)
     progress.start(100, 4_000_000)
@@ -356,8 +380,9 @@ def test_progress_is_one_rewritten_line_on_a_terminal_and_plain_lines_elsewhere(
 
 
 @pytest.mark.parametrize("omit_line", [False, True], ids=["located", "bisected"])
-def test_a_refused_batch_followed_by_batches_that_commit_loses_none_of_its_lines(isolated, tmp_path, capsys,
-                                                                                 monkeypatch, omit_line):  # fmt: skip
+def test_a_refused_batch_followed_by_batches_that_commit_loses_none_of_its_lines(
+    isolated, tmp_path, capsys, monkeypatch, omit_line
+):
     # Eight batches in flight: those after the refused one commit before it is settled.
     monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
     run = offline(isolated / "runs")
@@ -368,8 +393,11 @@ def test_a_refused_batch_followed_by_batches_that_commit_loses_none_of_its_lines
         code, out, err = sync(capsys, svc, run.dir)
         assert code == 3, err
         assert stored_episodes(svc) == {r["id"]: 1 for i, r in enumerate(records) if i != 40}
-        assert sync(capsys, svc, run.dir)[:2] == (3, f"{run.id}: nothing new to upload to {svc.url}; status completed; "
-                                                     f"1 record refused, kept in {run.dir}/rejected-*.jsonl.zst\n")  # fmt: skip
+        assert sync(capsys, svc, run.dir)[:2] == (
+            3,
+            f"{run.id}: nothing new to upload to {svc.url}; status completed; "
+            f"1 record refused, kept in {run.dir}/rejected-*.jsonl.zst\n",
+        )
 
 
 def test_a_batch_that_fails_while_later_ones_commit_is_sent_by_the_next_sync(isolated, service, capsys, monkeypatch):
@@ -417,13 +445,17 @@ def test_an_entry_that_no_longer_decodes_loses_only_its_own_lines(isolated, serv
     assert stored == {i: 1 for i in [f"a{n}" for n in range(50)] + [f"c{n}" for n in range(5)]}
     with service.state.store.reader() as conn:
         assert conn.execute("SELECT COUNT(*) FROM traces WHERE episode_id IS NULL").fetchone()[0] == 3
-    [progress] = [f for n, f in orjson.loads((run_dir / "sync.json").read_bytes())["services"][service.url]["files"]
-                  .items() if n.startswith("episode")]  # fmt: skip
+    [progress] = [
+        f
+        for n, f in orjson.loads((run_dir / "sync.json").read_bytes())["services"][service.url]["files"].items()
+        if n.startswith("episode")
+    ]
     assert progress["unreadable"] == [[50, 55]]  # recorded once, however often it is read
 
 
-def test_a_batch_stored_while_its_answers_failed_is_sent_again_as_the_same_upload(isolated, service, capsys,
-                                                                                  monkeypatch):  # fmt: skip
+def test_a_batch_stored_while_its_answers_failed_is_sent_again_as_the_same_upload(
+    isolated, service, capsys, monkeypatch
+):
     import prime_traces.server._upload as upload
 
     monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)

@@ -13,12 +13,12 @@ from typing import Any
 
 import orjson
 import pytest
-
 from _wire import episode, trace
+
 from prime_runs._accounting import Accounting
 from prime_runs._encoding import RunStamp
-from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
+from prime_runs._size_meter import SizeMeter
 from prime_runs._traces_sink import TracesSink
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
@@ -32,8 +32,9 @@ SMALL_BATCH_BYTES = 48 * 1024
 @contextmanager
 def serving(tmp_path, **options: Any) -> Iterator[tuple[LocalTracesService, TracesClient]]:
     """A local service with ``options`` and a client for it; the client closes first."""
-    client_options = {k: options.pop(k) for k in ("max_in_flight", "abandon_after_s", "_sleep", "compression")
-                      if k in options}
+    client_options = {
+        k: options.pop(k) for k in ("max_in_flight", "abandon_after_s", "_sleep", "compression") if k in options
+    }
     with LocalTracesService(tmp_path / "db", **options) as svc:
         with TracesClient(api_key="k", base_url=svc.url, **client_options) as client:
             yield svc, client
@@ -329,12 +330,14 @@ def test_records_are_stamped_on_copies(tmp_path):
         sink_for(client).write(records, "episode", ledger, threading.Event())
         member = orjson.loads(client.get_raw("e0-t1"))
         with svc.state.store.reader() as conn:
-            envelopes = {doc["id"]: doc for doc in (orjson.loads(raw) for (raw,) in
-                                                    conn.execute("SELECT raw FROM episode_docs"))}  # fmt: skip
+            envelopes = {
+                doc["id"]: doc for doc in (orjson.loads(raw) for (raw,) in conn.execute("SELECT raw FROM episode_docs"))
+            }
             rows = [tuple(row) for row in conn.execute("SELECT run_id, run_type FROM traces")]
             docs = [orjson.loads(raw) for (raw,) in conn.execute("SELECT raw FROM trace_docs")]
-            contexts = {json.dumps(json.loads(c), sort_keys=True)
-                        for (c,) in conn.execute("SELECT context FROM episodes")}  # fmt: skip
+            contexts = {
+                json.dumps(json.loads(c), sort_keys=True) for (c,) in conn.execute("SELECT context FROM episodes")
+            }
     assert records == before  # the caller's dicts are untouched
     assert envelopes["e0"]["run"] == {"id": "run-77", "type": "train", "name": "keep-me"}
     assert envelopes["e1"]["run"] == {"id": "run-77", "type": "train"}

@@ -15,9 +15,9 @@ import requests
 import urllib3
 from _fork import in_child
 
-from prime_traces.config import ClientConfig, api_url, resolve_config
 from prime_traces._retry import upload_retrying
 from prime_traces._transport import Transport
+from prime_traces.config import ClientConfig, api_url, resolve_config
 from prime_traces.errors import TransportError
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,7 +56,7 @@ def open_sockets(session: requests.Session) -> list[socket.socket]:
     found = []
     for adapter in session.adapters.values():
         pools = adapter.poolmanager.pools
-        for key in pools.keys():  # noqa: SIM118  (urllib3 refuses iteration of the container itself)
+        for key in pools.keys():  # urllib3 refuses iteration of the container itself
             for conn in list(pools[key].pool.queue):
                 if conn is not None and conn.sock is not None:
                     found.append(conn.sock)

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from _run_helpers import MARKER, episodes, stored_episodes
 
+from prime_runs._delivery import DEADLINE, SINK_RETIRED
 from prime_runs._encoding import RunStamp
 from prime_runs._queue import RecordQueue
-from prime_runs._size_meter import SizeMeter
 from prime_runs._sink import Ledger, SinkStatus
+from prime_runs._size_meter import SizeMeter
 from prime_runs._traces_sink import TracesSink
-from prime_runs._delivery import DEADLINE, SINK_RETIRED
 from prime_runs._worker import WORKER_ERROR, UploadWorker
 from prime_runs.errors import SinkError
 from prime_traces import TracesClient
@@ -27,8 +27,9 @@ GATE_TIMEOUT_S = 30.0
 class GatedSink:
     """Stores records once its gate opens; ``entered`` is set when a write arrives."""
 
-    def __init__(self, name: str = "test", *, status: SinkStatus = SinkStatus.OK, fail: int = 0,
-                 honour_cancel: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, name: str = "test", *, status: SinkStatus = SinkStatus.OK, fail: int = 0, honour_cancel: bool = True
+    ) -> None:
         self.name = name
         self.gate = threading.Event()
         self.entered = threading.Event()
@@ -62,16 +63,33 @@ def identity_holds(worker: UploadWorker, sink: str) -> bool:
     return worker.accounting.unaccounted(sink) == 0
 
 
-def assert_buckets(worker: UploadWorker, *, submitted: int, stored: int, dropped: dict[str, int] | None = None,
-                   failed: dict[str, int] | None = None, spooled: dict[str, int] | None = None,
-                   sink: str = "test") -> None:  # fmt: skip
+def assert_buckets(
+    worker: UploadWorker,
+    *,
+    submitted: int,
+    stored: int,
+    dropped: dict[str, int] | None = None,
+    failed: dict[str, int] | None = None,
+    spooled: dict[str, int] | None = None,
+    sink: str = "test",
+) -> None:
     """Each bucket of ``sink`` holds what the scenario implies (empty unless given); the identity closes."""
     snap = worker.accounting.snapshot()
     counts = snap["sinks"][sink]
-    actual = {"submitted": snap["submitted"], "stored": counts["stored"], "dropped": snap["dropped"],
-              "failed": counts["failed"], "spooled": counts["spooled_reasons"]}  # fmt: skip
-    expected = {"submitted": submitted, "stored": stored, "dropped": dropped or {}, "failed": failed or {},
-                "spooled": spooled or {}}  # fmt: skip
+    actual = {
+        "submitted": snap["submitted"],
+        "stored": counts["stored"],
+        "dropped": snap["dropped"],
+        "failed": counts["failed"],
+        "spooled": counts["spooled_reasons"],
+    }
+    expected = {
+        "submitted": submitted,
+        "stored": stored,
+        "dropped": dropped or {},
+        "failed": failed or {},
+        "spooled": spooled or {},
+    }
     assert actual == expected
     assert identity_holds(worker, sink)
 
@@ -297,7 +315,6 @@ def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_o
     assert_buckets(worker, submitted=3, stored=1, failed={reason: 2})
 
 
-
 def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_flight():
     sink = GatedSink()
     sink.gate.set()
@@ -305,7 +322,9 @@ def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_fl
     worker = UploadWorker([sink], max_queued_records=10_000, max_queued_bytes=1_000_000, size_meter=meter)
     for _ in range(500):  # a long run of small records: the estimate learns 1 kB
         meter.observe(1_000)
-    assert worker.submit([{"id": f"small-{i}"} for i in range(100)], line_format="trace") and worker.flush(timeout_s=GATE_TIMEOUT_S)
+    assert worker.submit([{"id": f"small-{i}"} for i in range(100)], line_format="trace") and worker.flush(
+        timeout_s=GATE_TIMEOUT_S
+    )
     sink.gate.clear()
     sink.entered.clear()
     assert worker.submit([{"id": "big-0"}], line_format="trace")  # taken by the worker, held in flight

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
-import workload  # noqa: E402
-from workload import encoded_lines, generate_episode, iter_episodes  # noqa: E402
+import workload
+from workload import encoded_lines, generate_episode, iter_episodes
 
 NOW = 1_750_000_000.0
 _YEAR_S = 365 * 86400

@@ -32,10 +32,10 @@ def _lines(count: int) -> list[bytes]:
 
 
 def _upload(limit: int, max_in_flight: int, lines: list[bytes]) -> tuple[float, dict, int]:
-    with LocalTracesService(None, store="none", validate="light", max_uploads_in_flight=limit,
-                            bandwidth_mb_s=BANDWIDTH_MB_S) as svc:  # fmt: skip
-        with TracesClient(api_key="bench", base_url=svc.url, max_in_flight=max_in_flight,
-                          compression="none") as client:  # fmt: skip
+    with LocalTracesService(
+        None, store="none", validate="light", max_uploads_in_flight=limit, bandwidth_mb_s=BANDWIDTH_MB_S
+    ) as svc:
+        with TracesClient(api_key="bench", base_url=svc.url, max_in_flight=max_in_flight, compression="none") as client:
             started = time.monotonic()
             client.upload_lines(lines, target_batch_bytes=BATCH_BYTES)
             elapsed = time.monotonic() - started
@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         at_eight, window, accepted = _upload(limit, 8, lines)
         refused = window["refusals"]
         share = refused / (accepted + refused)
-        print(f"| {limit} | {len(lines)} | {baseline:.2f} s | {at_eight:.2f} s | {at_eight / baseline:.2f}× "
-              f"| {refused} of {accepted + refused} ({share:.1%}) |")  # fmt: skip
+        print(
+            f"| {limit} | {len(lines)} | {baseline:.2f} s | {at_eight:.2f} s | {at_eight / baseline:.2f}× "
+            f"| {refused} of {accepted + refused} ({share:.1%}) |"
+        )
     return 0
 
 

@@ -41,9 +41,9 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workload import generate_episode  # noqa: E402
+from workload import generate_episode
 
-from prime_traces._encode import encode_record, encode_record_parts  # noqa: E402
+from prime_traces._encode import encode_record, encode_record_parts
 
 _PROBE_INTERVAL_S = 0.001
 _NOW = 1_750_000_000.0
@@ -127,11 +127,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
-    print(f"Python {sys.version.split()[0]}, orjson {orjson.__version__}; probe: a loop of "
-          f"asyncio.sleep({_PROBE_INTERVAL_S}); gaps are the median / max over {args.repeat} runs of each run's "
-          f"worst gap; with an idle second thread: {_show(_gaps_ms(None, args.repeat))} ms\n")
-    print("| episode | encoded bytes | CPU ms, one dumps | CPU ms, chunked | CPU ratio | page faults, dumps / chunked "
-          "| CPU ratio, interleaved | worst gap ms, one dumps | worst gap ms, chunked |")
+    print(
+        f"Python {sys.version.split()[0]}, orjson {orjson.__version__}; probe: a loop of "
+        f"asyncio.sleep({_PROBE_INTERVAL_S}); gaps are the median / max over {args.repeat} runs of each run's "
+        f"worst gap; with an idle second thread: {_show(_gaps_ms(None, args.repeat))} ms\n"
+    )
+    print(
+        "| episode | encoded bytes | CPU ms, one dumps | CPU ms, chunked | CPU ratio | page faults, dumps / chunked "
+        "| CPU ratio, interleaved | worst gap ms, one dumps | worst gap ms, chunked |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     verdicts = []
     for size in args.sizes:
@@ -142,8 +146,9 @@ def main() -> int:
         del whole
         dumps_cpu, dumps_faults = _cpu_s(lambda ep=episode: orjson.dumps(ep), args.repeat)
         chunked_cpu, chunked_faults = _cpu_s(lambda ep=episode: encode_record_parts(ep, 0), args.repeat)
-        interleaved = _cpu_ratio_interleaved(lambda ep=episode: orjson.dumps(ep),
-                                             lambda ep=episode: encode_record_parts(ep, 0), args.repeat)
+        interleaved = _cpu_ratio_interleaved(
+            lambda ep=episode: orjson.dumps(ep), lambda ep=episode: encode_record_parts(ep, 0), args.repeat
+        )
         gaps_dumps = _gaps_ms(lambda ep=episode: orjson.dumps(ep), args.repeat)
         gaps_chunked = _gaps_ms(lambda ep=episode: encode_record_parts(ep, 0), args.repeat)
         cpu = f"{dumps_cpu * 1e3:.1f} | {chunked_cpu * 1e3:.1f} | {chunked_cpu / dumps_cpu:.2f}"
@@ -152,10 +157,14 @@ def main() -> int:
         del episode
         if size == _TARGET_EPISODE_BYTES:
             gap_ms, ratio = statistics.median(gaps_chunked), chunked_cpu / dumps_cpu
-            verdicts.append(f"median worst gap {gap_ms:.1f} ms (target <= {_TARGET_GAP_MS:g} ms): "
-                            f"{'met' if gap_ms <= _TARGET_GAP_MS else 'MISSED'}")
-            verdicts.append(f"CPU ratio {ratio:.2f} (target <= {_TARGET_CPU_RATIO:g}): "
-                            f"{'met' if ratio <= _TARGET_CPU_RATIO else 'MISSED'}")
+            verdicts.append(
+                f"median worst gap {gap_ms:.1f} ms (target <= {_TARGET_GAP_MS:g} ms): "
+                f"{'met' if gap_ms <= _TARGET_GAP_MS else 'MISSED'}"
+            )
+            verdicts.append(
+                f"CPU ratio {ratio:.2f} (target <= {_TARGET_CPU_RATIO:g}): "
+                f"{'met' if ratio <= _TARGET_CPU_RATIO else 'MISSED'}"
+            )
     if verdicts:
         print(f"\nTargets for the {_TARGET_EPISODE_BYTES / 1e6:g} MB episode: " + "; ".join(verdicts))
     return 1 if any("MISSED" in verdict for verdict in verdicts) else 0

@@ -35,13 +35,27 @@ def main() -> int:
     args = parser.parse_args()
     blob = base64.b64encode(os.urandom(int(args.episode_mb * 1e6 * 3 / 4))).decode()
     now = time.time()
-    episodes = [{"version": 1, "id": f"big-{i}", "env": {"id": "bench"},
-                 "traces": [{"version": 1, "id": f"big-{i}-t", "timing": {"start": now}, "info": {"blob": blob}}]}
-                for i in range(args.episodes)]  # fmt: skip
-    with tempfile.TemporaryDirectory() as scratch, \
-            LocalTracesService(os.path.join(scratch, "db"), bandwidth_mb_s=args.bandwidth_mb_s) as slow:  # fmt: skip
-        run = prime_runs.init("bench-metrics", api_key="bench", base_url=slow.url, dir=os.path.join(scratch, "runs"),
-                              console="off", handle_signals=False)  # fmt: skip
+    episodes = [
+        {
+            "version": 1,
+            "id": f"big-{i}",
+            "env": {"id": "bench"},
+            "traces": [{"version": 1, "id": f"big-{i}-t", "timing": {"start": now}, "info": {"blob": blob}}],
+        }
+        for i in range(args.episodes)
+    ]
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        LocalTracesService(os.path.join(scratch, "db"), bandwidth_mb_s=args.bandwidth_mb_s) as slow,
+    ):
+        run = prime_runs.init(
+            "bench-metrics",
+            api_key="bench",
+            base_url=slow.url,
+            dir=os.path.join(scratch, "runs"),
+            console="off",
+            handle_signals=False,
+        )
         started = time.monotonic()
         run.log_episodes(episodes)
         calls = []
@@ -58,11 +72,15 @@ def main() -> int:
         with TracesClient("bench", slow.url) as client:
             stored = sum(1 for _ in client.iter_metrics(run.id, limit=10_000))
     size_mb = args.episodes * args.episode_mb
-    print(f"{args.episodes} episodes of {args.episode_mb:.0f} MB ({size_mb:.0f} MB) at {args.bandwidth_mb_s:.0f} MB/s, "
-          f"{args.rows} rows")  # fmt: skip
+    print(
+        f"{args.episodes} episodes of {args.episode_mb:.0f} MB ({size_mb:.0f} MB) at {args.bandwidth_mb_s:.0f} MB/s, "
+        f"{args.rows} rows"
+    )
     print(f"rows on the service      {stored} of {args.rows}, after {rows_s:.2f} s (flushed: {rows_ok})")
-    print(f"episodes on the service  {run.stats()['sinks']['traces']['stored']} of {args.episodes}, after "
-          f"{episodes_s:.2f} s (flushed: {records_ok})")  # fmt: skip
+    print(
+        f"episodes on the service  {run.stats()['sinks']['traces']['stored']} of {args.episodes}, after "
+        f"{episodes_s:.2f} s (flushed: {records_ok})"
+    )
     print(f"rows / episodes          {rows_s / episodes_s:.3f}")
     print(f"log() mean / slowest     {sum(calls) / len(calls) * 1e6:.1f} us / {max(calls) * 1e3:.2f} ms")
     return 0 if stored == args.rows else 1

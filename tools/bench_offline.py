@@ -31,8 +31,10 @@ def main() -> None:
 
     rng = random.Random(0)
     now = time.time()
-    built = [generate_episode(rng.getrandbits(64), target_bytes=args.episode_kb * 1000, step=i // 16, now=now)
-             for i in range(args.episodes)]  # fmt: skip
+    built = [
+        generate_episode(rng.getrandbits(64), target_bytes=args.episode_kb * 1000, step=i // 16, now=now)
+        for i in range(args.episodes)
+    ]
     json_bytes = sum(len(__import__("orjson").dumps(e)) for e in built)
     with tempfile.TemporaryDirectory(prefix="bench-offline-") as tmp:
         os.chdir(tmp)
@@ -51,13 +53,17 @@ def main() -> None:
         stored = sum(c["stored"] for c in run.stats()["sinks"].values())
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     print(f"prime_runs from {os.path.dirname(prime_runs.__file__)}")
-    print(f"{stored}/{args.episodes} episodes, {json_bytes / 1e6:.1f} MB of JSON in {elapsed:.2f} s: "
-          f"{json_bytes / elapsed / 1e6:.1f} MB/s; CPU {cpu:.2f} s; on disk {on_disk / 1e6:.1f} MB "
-          f"({json_bytes / max(on_disk, 1):.2f}x smaller)")  # fmt: skip
+    print(
+        f"{stored}/{args.episodes} episodes, {json_bytes / 1e6:.1f} MB of JSON in {elapsed:.2f} s: "
+        f"{json_bytes / elapsed / 1e6:.1f} MB/s; CPU {cpu:.2f} s; on disk {on_disk / 1e6:.1f} MB "
+        f"({json_bytes / max(on_disk, 1):.2f}x smaller)"
+    )
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    print(f"log_episodes(): median {latencies[len(latencies) // 2] * 1000:.3f} ms, p99 {p99 * 1000:.3f} ms, "
-          f"slowest {latencies[-1] * 1000:.3f} ms")
+    print(
+        f"log_episodes(): median {latencies[len(latencies) // 2] * 1000:.3f} ms, p99 {p99 * 1000:.3f} ms, "
+        f"slowest {latencies[-1] * 1000:.3f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -56,10 +56,10 @@ def multipart_frame(coding: str) -> tuple[bytes, bytes, str]:
     """The bytes around an upload's traces part: ``(head, tail, content type)``."""
     boundary = os.urandom(16).hex()
     head = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="metadata"\r\n'
         f"Content-Type: application/json\r\n\r\n"
         '{"schema_version": 1}\r\n'
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"traces\"; filename=\"traces.jsonl\"\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="traces"; filename="traces.jsonl"\r\n'
         f"Content-Type: application/x-ndjson\r\nContent-Encoding: {coding}\r\n\r\n"
     ).encode()
     return head, f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
@@ -92,8 +92,11 @@ def peak_rss_bytes(pid: int) -> int:
 
 def _gzip_upload(raw: bytes) -> tuple[bytes, dict[str, str]]:
     head, tail, content_type = multipart_frame("gzip")
-    headers = {"Content-Type": content_type, "Authorization": "Bearer bench",
-               "Idempotency-Key": "sha256:" + hashlib.sha256(raw).hexdigest()}  # fmt: skip
+    headers = {
+        "Content-Type": content_type,
+        "Authorization": "Bearer bench",
+        "Idempotency-Key": "sha256:" + hashlib.sha256(raw).hexdigest(),
+    }
     return head + gzip.compress(raw, compresslevel=1, mtime=0) + tail, headers
 
 
@@ -119,10 +122,25 @@ def ingest_memory(raw: bytes, tmp: str) -> tuple[float, int]:
 
 def start_service(db: str, validate: str, store: str = "none") -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prime_traces.cli", "serve", "--port", "0", "--db", db,
-         "--store", store, "--validate", validate, "--max-uploads-in-flight", "16"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "prime_traces.cli",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            db,
+            "--store",
+            store,
+            "--validate",
+            validate,
+            "--max-uploads-in-flight",
+            "16",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.startswith("listening on "):
@@ -131,8 +149,9 @@ def start_service(db: str, validate: str, store: str = "none") -> tuple[subproce
     return proc, line.removeprefix("listening on ")
 
 
-def ingest_rate_mb_s(url: str, requests_: list[tuple[bytes, dict[str, str]]], raw_bytes: int,
-                     concurrency: int) -> float:
+def ingest_rate_mb_s(
+    url: str, requests_: list[tuple[bytes, dict[str, str]]], raw_bytes: int, concurrency: int
+) -> float:
     """Uncompressed MB/s while ``concurrency`` threads send every request once."""
     pending = list(range(len(requests_)))
     lock = threading.Lock()
@@ -167,8 +186,9 @@ def main() -> int:
     parser.add_argument("--bodies", type=int, default=6, help="distinct bodies per run (default 6)")
     parser.add_argument("--body-mb", type=float, default=30.0, help="uncompressed MB per body (default 30)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--small-mb", type=float, default=30.0,
-                        help="MiB of small traces in the memory case (default 30)")  # fmt: skip
+    parser.add_argument(
+        "--small-mb", type=float, default=30.0, help="MiB of small traces in the memory case (default 30)"
+    )
     parser.add_argument("--memory-only", action="store_true", help="run only the memory case")
     args = parser.parse_args()
 
@@ -176,9 +196,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         seconds, grown = ingest_memory(small, tmp)
     traces = small.count(b"\n")
-    print(f"Memory: one upload of {traces} small traces, {len(small) / 2**20:.1f} MiB of JSONL "
-          f"(gzip-1), store sqlite, full validation: answered in {seconds:.2f} s; the service's peak RSS "
-          f"grew by {grown / 2**20:.0f} MiB = {grown / len(small):.2f}x the body.\n")  # fmt: skip
+    print(
+        f"Memory: one upload of {traces} small traces, {len(small) / 2**20:.1f} MiB of JSONL "
+        f"(gzip-1), store sqlite, full validation: answered in {seconds:.2f} s; the service's peak RSS "
+        f"grew by {grown / 2**20:.0f} MiB = {grown / len(small):.2f}x the body.\n"
+    )
     if args.memory_only:
         return 0
 
@@ -221,8 +243,10 @@ def main() -> int:
                     print(f"  {validate:5} {coding:4} x{concurrency}: {rate:8.1f} MB/s", file=sys.stderr)
 
     wire = {c: sum(len(d) for d, _ in encoded[c]) for c in encoded}
-    print(f"\nWorkload: {args.bodies} episode-format bodies, {raw_bytes / 1e6:.0f} MB of JSONL "
-          f"(gzip-1 on the wire: {wire['gzip'] / 1e6:.0f} MB, zstd-{ZSTD_LEVEL}: {wire['zstd'] / 1e6:.0f} MB)\n")  # fmt: skip
+    print(
+        f"\nWorkload: {args.bodies} episode-format bodies, {raw_bytes / 1e6:.0f} MB of JSONL "
+        f"(gzip-1 on the wire: {wire['gzip'] / 1e6:.0f} MB, zstd-{ZSTD_LEVEL}: {wire['zstd'] / 1e6:.0f} MB)\n"
+    )
     print(f"Baseline: one core compresses this JSONL at gzip level 1 at {gzip_core_mb_s:.1f} MB/s.\n")
     print("| validation | coding | concurrent uploads | ingest (MB/s of JSONL) | ratio to one core's gzip-1 |")
     print("|---|---|---|---|---|")
@@ -233,9 +257,11 @@ def main() -> int:
     light_gzip = {n: rate for v, c, n, rate in rows if v == "light" and c == "gzip"}
     capacity = max(light_gzip.values())
     ok = capacity >= 2 * gzip_core_mb_s
-    print(f"\nlight validation, gzip-1: {capacity / gzip_core_mb_s:.2f}x one core's gzip-1 rate at "
-          f"{max(light_gzip, key=light_gzip.get)} concurrent uploads, {light_gzip[1] / gzip_core_mb_s:.2f}x "
-          f"with one (target >= 2x): {'PASS' if ok else 'FAIL'}")  # fmt: skip
+    print(
+        f"\nlight validation, gzip-1: {capacity / gzip_core_mb_s:.2f}x one core's gzip-1 rate at "
+        f"{max(light_gzip, key=light_gzip.get)} concurrent uploads, {light_gzip[1] / gzip_core_mb_s:.2f}x "
+        f"with one (target >= 2x): {'PASS' if ok else 'FAIL'}"
+    )
     return 0 if ok else 1
 
 

@@ -50,7 +50,7 @@ from prime_traces import TracesClient
 from prime_traces._batching import iter_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload import encoded_lines, iter_episodes  # noqa: E402
+from workload import encoded_lines, iter_episodes
 
 PUBLISHED_VERSION = "0.0.10"
 VENV_DIR = Path.home() / ".cache" / "prime-traces-bench" / f"venv-{PUBLISHED_VERSION}"
@@ -59,7 +59,7 @@ SLOW_LATENCY_MS = 1000.0  # diagnostic rows: a network slow enough that the CPU 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Runs inside the published client's virtualenv; prints one JSON object.
-PUBLISHED_DRIVER = r'''
+PUBLISHED_DRIVER = r"""
 import json, sys, time
 import prime_traces
 from prime_traces import LineFormat, TracesClient
@@ -73,7 +73,7 @@ wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
 client.close()
 print(json.dumps({"version": prime_traces.__version__, "wall_s": wall, "cpu_s": cpu,
                   "batches": len(receipts), "lines": len(lines)}))
-'''
+"""
 
 
 @dataclass
@@ -108,11 +108,27 @@ class Service:
         db = tempfile.mkstemp(suffix=".db", dir=tmp)[1]
         os.unlink(db)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "prime_traces.cli", "serve", "--port", "0", "--db", db,
-             "--store", "none", "--validate", "light", "--latency-ms", str(latency_ms),
-             "--bandwidth-mb-s", str(bandwidth_mb_s)],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "prime_traces.cli",
+                "serve",
+                "--port",
+                "0",
+                "--db",
+                db,
+                "--store",
+                "none",
+                "--validate",
+                "light",
+                "--latency-ms",
+                str(latency_ms),
+                "--bandwidth-mb-s",
+                str(bandwidth_mb_s),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
         if not line.startswith("listening on "):
@@ -142,10 +158,19 @@ def _body_id(body: bytes) -> tuple[int, bytes, bytes]:
     return len(body), body[:4096], body[-4096:]
 
 
-def run_ours(args: argparse.Namespace, tmp: str, label: str, lines: list[bytes], *, max_in_flight: int,
-             compression: str, zstd_level: int = compress_module.DEFAULT_ZSTD_LEVEL,
-             gzip_level: int | None = None, precompressed: bool = False,
-             latency_ms: float | None = None) -> Result:  # fmt: skip
+def run_ours(
+    args: argparse.Namespace,
+    tmp: str,
+    label: str,
+    lines: list[bytes],
+    *,
+    max_in_flight: int,
+    compression: str,
+    zstd_level: int = compress_module.DEFAULT_ZSTD_LEVEL,
+    gzip_level: int | None = None,
+    precompressed: bool = False,
+    latency_ms: float | None = None,
+) -> Result:
     """One upload of ``lines`` by our client to a fresh service.
 
     ``latency_ms`` replaces the service's latency for this run (a diagnostic).
@@ -162,8 +187,13 @@ def run_ours(args: argparse.Namespace, tmp: str, label: str, lines: list[bytes],
         # compress() reads GZIP_LEVEL from its module's globals at call time.
         if gzip_level is not None:
             compress_module.GZIP_LEVEL = gzip_level
-        client = TracesClient(api_key="bench", base_url=service.url, max_in_flight=max_in_flight,
-                              compression=compression, zstd_level=zstd_level)  # fmt: skip
+        client = TracesClient(
+            api_key="bench",
+            base_url=service.url,
+            max_in_flight=max_in_flight,
+            compression=compression,
+            zstd_level=zstd_level,
+        )
         service_cpu0, busy0 = service.cpu_s(), machine_busy_s()
         wall0, cpu0 = time.perf_counter(), time.process_time()
         receipts = client.upload_lines(lines, line_format="episode")
@@ -228,8 +258,9 @@ def run_published(args: argparse.Namespace, tmp: str, lines: list[bytes]) -> Res
     try:
         service_cpu0, busy0 = service.cpu_s(), machine_busy_s()
         with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-            driver_proc = subprocess.Popen([str(python), "-I", driver, service.url, jsonl], stdout=stdout,
-                                           stderr=stderr, cwd=tmp)  # fmt: skip
+            driver_proc = subprocess.Popen(
+                [str(python), "-I", driver, service.url, jsonl], stdout=stdout, stderr=stderr, cwd=tmp
+            )
             _, status, usage = os.wait4(driver_proc.pid, 0)
             driver_proc.returncode = os.waitstatus_to_exitcode(status)
             service_cpu = service.cpu_s() - service_cpu0
@@ -248,8 +279,9 @@ def run_published(args: argparse.Namespace, tmp: str, lines: list[bytes]) -> Res
     if out["version"] != PUBLISHED_VERSION:
         raise RuntimeError(f"driver imported prime-traces {out['version']}, not {PUBLISHED_VERSION}")
     check_stats(label, stats, len(lines), out["batches"])
-    result = Result(label, len(lines), sum(map(len, lines)), out["wall_s"], out["cpu_s"], service_cpu, foreign_cpu,
-                    stats)  # fmt: skip
+    result = Result(
+        label, len(lines), sum(map(len, lines)), out["wall_s"], out["cpu_s"], service_cpu, foreign_cpu, stats
+    )
     report_progress(result)
     return result
 
@@ -258,15 +290,19 @@ def check_stats(label: str, stats: dict, episodes: int, batches: int) -> None:
     if stats["lines"] != episodes or stats["uploads"] != batches or stats["replays"]:
         raise RuntimeError(f"{label}: service saw {stats}, expected {episodes} lines in {batches} new uploads")
     if stats["upload_attempts"] != stats["uploads"]:
-        print(f"  note: {label}: {stats['upload_attempts'] - stats['uploads']} retried attempts "
-              f"({stats['rejections']})", file=sys.stderr)  # fmt: skip
+        print(
+            f"  note: {label}: {stats['upload_attempts'] - stats['uploads']} retried attempts ({stats['rejections']})",
+            file=sys.stderr,
+        )
 
 
 def report_progress(result: Result) -> None:
-    print(f"  {result.label}: {result.wall_s:.2f} s, {result.episodes_per_s:.1f} episodes/s, "
-          f"wire {result.wire_mb:.1f} MB, client CPU {result.client_cpu_s:.2f} s, "
-          f"service CPU {result.service_cpu_s:.2f} s, other processes {result.foreign_cpu_s:.2f} s",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"  {result.label}: {result.wall_s:.2f} s, {result.episodes_per_s:.1f} episodes/s, "
+        f"wire {result.wire_mb:.1f} MB, client CPU {result.client_cpu_s:.2f} s, "
+        f"service CPU {result.service_cpu_s:.2f} s, other processes {result.foreign_cpu_s:.2f} s",
+        file=sys.stderr,
+    )
 
 
 def compression_cpu(lines: list[bytes], repeat: int = 3) -> list[tuple[str, float, int]]:
@@ -279,8 +315,13 @@ def compression_cpu(lines: list[bytes], repeat: int = 3) -> list[tuple[str, floa
         size += len(line)
     data = b"".join(body)
     rows = []
-    for name, coding, level in (("gzip-1", "gzip", 1), ("gzip-9", "gzip", 9), ("zstd--1", "zstd", -1),
-                                ("zstd-1", "zstd", 1), ("zstd-3", "zstd", 3)):  # fmt: skip
+    for name, coding, level in (
+        ("gzip-1", "gzip", 1),
+        ("gzip-9", "gzip", 9),
+        ("zstd--1", "zstd", -1),
+        ("zstd-1", "zstd", 1),
+        ("zstd-3", "zstd", 3),
+    ):
         saved = compress_module.GZIP_LEVEL
         compress_module.GZIP_LEVEL = level if coding == "gzip" else saved
         try:
@@ -307,13 +348,16 @@ def run_encode_bench() -> str:
 
 def upload_table(rows: list[Result], baselines: list[tuple[str, Result]]) -> str:
     ratio_heads = "".join(f" vs {name} |" for name, _ in baselines)
-    head = "| configuration | episodes/s | MB/s JSON | wire MB | client CPU s | service CPU s | others' CPU s | wall s |"
+    head = (
+        "| configuration | episodes/s | MB/s JSON | wire MB | client CPU s | service CPU s | others' CPU s | wall s |"
+    )
     out = [head + ratio_heads, "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(baselines)]
     for r in rows:
         ratios = "".join(f" {r.episodes_per_s / b.episodes_per_s:.2f}x |" for _, b in baselines)
-        out.append(f"| {r.label} | {r.episodes_per_s:.2f} | {r.json_mb_s:.1f} | {r.wire_mb:.1f} "
-                   f"| {r.client_cpu_s:.2f} | {r.service_cpu_s:.2f} | {r.foreign_cpu_s:.2f} | {r.wall_s:.2f} |"
-                   + ratios)  # fmt: skip
+        out.append(
+            f"| {r.label} | {r.episodes_per_s:.2f} | {r.json_mb_s:.1f} | {r.wire_mb:.1f} "
+            f"| {r.client_cpu_s:.2f} | {r.service_cpu_s:.2f} | {r.foreign_cpu_s:.2f} | {r.wall_s:.2f} |" + ratios
+        )
     return "\n".join(out)
 
 
@@ -335,17 +379,23 @@ def target_checks(by: dict[str, Result], compression: list[tuple[str, float, int
         pub = by["published"]
         for key in ("gzip-1 x8", "default x8"):
             ratio = by[key].episodes_per_s / pub.episodes_per_s
-            lines.append(f"- ours ({by[key].label}) vs published {PUBLISHED_VERSION}: {ratio:.2f}x "
-                         f"(target >= 5x): {verdict(ratio >= 5)}")  # fmt: skip
+            lines.append(
+                f"- ours ({by[key].label}) vs published {PUBLISHED_VERSION}: {ratio:.2f}x "
+                f"(target >= 5x): {verdict(ratio >= 5)}"
+            )
     else:
         lines.append(f"- ours vs published {PUBLISHED_VERSION}: not measured (--skip-published)")
-    lines.append(f"- gzip-9 really sent level 9: wire {gz9.wire_mb:.1f} MB vs gzip-1's {gz1.wire_mb:.1f} MB: "
-                 f"{verdict(gz9.stats['wire_bytes'] < gz1.stats['wire_bytes'])}")  # fmt: skip
+    lines.append(
+        f"- gzip-9 really sent level 9: wire {gz9.wire_mb:.1f} MB vs gzip-1's {gz1.wire_mb:.1f} MB: "
+        f"{verdict(gz9.stats['wire_bytes'] < gz1.stats['wire_bytes'])}"
+    )
     smallest = None
     for level in (1, 3):
         z = by[f"zstd-{level} x8"]
-        lines.append(f"- zstd-{level}: wire {z.wire_mb / gz1.wire_mb:.3f}x gzip-1's, "
-                     f"client CPU {z.client_cpu_s / gz1.client_cpu_s:.3f}x gzip-1's")  # fmt: skip
+        lines.append(
+            f"- zstd-{level}: wire {z.wire_mb / gz1.wire_mb:.3f}x gzip-1's, "
+            f"client CPU {z.client_cpu_s / gz1.client_cpu_s:.3f}x gzip-1's"
+        )
         if smallest is None and z.stats["wire_bytes"] <= gz1.stats["wire_bytes"]:
             smallest = level
     if smallest is None:
@@ -360,11 +410,14 @@ def target_checks(by: dict[str, Result], compression: list[tuple[str, float, int
             lines.append("- zstd level -1 is already as small as gzip-1, so level 1 is not the lowest: FAIL")
             return lines
     default = compress_module.DEFAULT_ZSTD_LEVEL
-    lines.append(f"- lowest zstd level at least as small as gzip-1: {smallest}; "
-                 f"DEFAULT_ZSTD_LEVEL is {default}: {verdict(smallest == default)}")  # fmt: skip
+    lines.append(
+        f"- lowest zstd level at least as small as gzip-1: {smallest}; "
+        f"DEFAULT_ZSTD_LEVEL is {default}: {verdict(smallest == default)}"
+    )
     cpu_ratio = by[f"zstd-{smallest} x8"].client_cpu_s / gz1.client_cpu_s
-    lines.append(f"- zstd-{smallest} client CPU {cpu_ratio:.3f}x gzip-1's (target <= 0.5x): "
-                 f"{verdict(cpu_ratio <= 0.5)}")  # fmt: skip
+    lines.append(
+        f"- zstd-{smallest} client CPU {cpu_ratio:.3f}x gzip-1's (target <= 0.5x): {verdict(cpu_ratio <= 0.5)}"
+    )
     return lines
 
 
@@ -375,32 +428,53 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--latency-ms", type=float, default=100.0)
     parser.add_argument("--bandwidth-mb-s", type=float, default=100.0)
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="runs per row, interleaved; the fastest is shown (default 3)")
-    parser.add_argument("--quiet-wait-s", type=float, default=15.0,
-                        help="before each run, wait up to this long for the machine to be idle (default 15)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per row, interleaved; the fastest is shown (default 3)"
+    )
+    parser.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=15.0,
+        help="before each run, wait up to this long for the machine to be idle (default 15)",
+    )
     parser.add_argument("--skip-published", action="store_true", help="do not measure the published client")
     parser.add_argument("--skip-encode", action="store_true", help="do not run tools/bench_encode.py")
     args = parser.parse_args()
 
     print(f"generating {args.episodes} episodes of ~{args.episode_bytes / 1e6:.1f} MB ...", file=sys.stderr)
-    lines = list(encoded_lines(iter_episodes(args.episodes, seed=args.seed, target_bytes=args.episode_bytes,
-                                             run_id="bench-upload")))  # fmt: skip
+    lines = list(
+        encoded_lines(
+            iter_episodes(args.episodes, seed=args.seed, target_bytes=args.episode_bytes, run_id="bench-upload")
+        )
+    )
     json_bytes = sum(map(len, lines))
-    configs = [(f"gzip-1 x{n}", f"ours gzip-1, {n} in flight", dict(max_in_flight=n, compression="gzip"))
-               for n in (1, 2, 4, 8)]  # fmt: skip
+    configs = [
+        (f"gzip-1 x{n}", f"ours gzip-1, {n} in flight", dict(max_in_flight=n, compression="gzip")) for n in (1, 2, 4, 8)
+    ]
     configs += [
         ("gzip-9 x8", "ours gzip-9, 8 in flight", dict(max_in_flight=8, compression="gzip", gzip_level=9)),
         ("zstd-1 x1", "ours zstd-1, 1 in flight", dict(max_in_flight=1, compression="zstd", zstd_level=1)),
         ("zstd-1 x8", "ours zstd-1, 8 in flight", dict(max_in_flight=8, compression="zstd", zstd_level=1)),
         ("zstd-3 x8", "ours zstd-3, 8 in flight", dict(max_in_flight=8, compression="zstd", zstd_level=3)),
-        ("default x8", "ours defaults (auto: gzip, then zstd-1), 8 in flight",
-         dict(max_in_flight=8, compression="auto")),
-        ("ceiling x8", "diagnostic: ours gzip-1, 8 in flight, bodies compressed before the clock",
-         dict(max_in_flight=8, compression="gzip", precompressed=True)),
-        *((f"slow net x{n}", f"diagnostic: ours gzip-1, {n} in flight, service latency {SLOW_LATENCY_MS:g} ms",
-           dict(max_in_flight=n, compression="gzip", latency_ms=SLOW_LATENCY_MS)) for n in (1, 8)),
-    ]  # fmt: skip
+        (
+            "default x8",
+            "ours defaults (auto: gzip, then zstd-1), 8 in flight",
+            dict(max_in_flight=8, compression="auto"),
+        ),
+        (
+            "ceiling x8",
+            "diagnostic: ours gzip-1, 8 in flight, bodies compressed before the clock",
+            dict(max_in_flight=8, compression="gzip", precompressed=True),
+        ),
+        *(
+            (
+                f"slow net x{n}",
+                f"diagnostic: ours gzip-1, {n} in flight, service latency {SLOW_LATENCY_MS:g} ms",
+                dict(max_in_flight=n, compression="gzip", latency_ms=SLOW_LATENCY_MS),
+            )
+            for n in (1, 8)
+        ),
+    ]
     runs: dict[str, list[Result]] = {}
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -423,17 +497,21 @@ def main() -> int:
     total_s = time.perf_counter() - started
 
     cpus = os.cpu_count()
-    print(f"Machine: {cpus} cores ({platform.processor() or platform.machine()}), Python "
-          f"{platform.python_version()}, {platform.system()} {platform.release()}; "
-          f"{datetime.date.today().isoformat()}.\n")  # fmt: skip
+    print(
+        f"Machine: {cpus} cores ({platform.processor() or platform.machine()}), Python "
+        f"{platform.python_version()}, {platform.system()} {platform.release()}; "
+        f"{datetime.date.today().isoformat()}.\n"
+    )
     digest = hashlib.sha256(b"".join(lines)).hexdigest()[:16]
-    print(f"Workload: {args.episodes} episodes (seed {args.seed}, sha256 {digest}...), {json_bytes / 1e6:.1f} MB "
-          f"of JSONL ({json_bytes / args.episodes / 1e6:.2f} MB each), {by['gzip-1 x1'].stats['uploads']} "
-          f"batches of <= 30 MiB. Service: `--store none --validate light --latency-ms {args.latency_ms:g} "
-          f"--bandwidth-mb-s {args.bandwidth_mb_s:g}`, a fresh process per run. Each row is the fastest of "
-          f"{args.repeat} runs, rows interleaved; {total_s:.0f} s in all; 1-minute load average "
-          f"{load_before:.2f} before, {load_after:.2f} after. \"Others' CPU\" is what every other process on "
-          f"the machine used during the run (/proc/stat less the client and the service).\n")  # fmt: skip
+    print(
+        f"Workload: {args.episodes} episodes (seed {args.seed}, sha256 {digest}...), {json_bytes / 1e6:.1f} MB "
+        f"of JSONL ({json_bytes / args.episodes / 1e6:.2f} MB each), {by['gzip-1 x1'].stats['uploads']} "
+        f"batches of <= 30 MiB. Service: `--store none --validate light --latency-ms {args.latency_ms:g} "
+        f"--bandwidth-mb-s {args.bandwidth_mb_s:g}`, a fresh process per run. Each row is the fastest of "
+        f"{args.repeat} runs, rows interleaved; {total_s:.0f} s in all; 1-minute load average "
+        f'{load_before:.2f} before, {load_after:.2f} after. "Others\' CPU" is what every other process on '
+        f"the machine used during the run (/proc/stat less the client and the service).\n"
+    )
     rows = list(by.values())
     baselines = [("1 in flight", by["gzip-1 x1"])] + ([("published", by["published"])] if "published" in by else [])
     print(upload_table(rows, baselines))
@@ -447,8 +525,7 @@ def main() -> int:
     print("| coding | CPU s | vs gzip-1 CPU | output MB | vs gzip-1 size |")
     print("|---|---:|---:|---:|---:|")
     for name, cpu, size in compression[1:]:
-        print(f"| {name} | {cpu:.3f} | {cpu / gzip1_cpu:.3f}x | {size / 1e6:.2f} | "
-              f"{size / compression[1][2]:.3f}x |")  # fmt: skip
+        print(f"| {name} | {cpu:.3f} | {cpu / gzip1_cpu:.3f}x | {size / 1e6:.2f} | {size / compression[1][2]:.3f}x |")
     print("\nEncoder (tools/bench_encode.py):\n")
     print(encode_table)
     return 0

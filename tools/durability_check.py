@@ -36,11 +36,11 @@ import orjson
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _wire import episode, trace  # noqa: E402
+from _wire import episode, trace
 
-import prime_runs  # noqa: E402
-from prime_runs import cli  # noqa: E402
-from prime_traces.server import LocalTracesService  # noqa: E402
+import prime_runs
+from prime_runs import cli
+from prime_traces.server import LocalTracesService
 
 KEY = "check-key"
 HAS_SYNC = "sync" in cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
@@ -73,18 +73,24 @@ def free_port() -> int:
 
 
 def serve(db: Path, port: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "prime_traces.cli", "serve", "--db", str(db), "--port", str(port)],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prime_traces.cli", "serve", "--db", str(db), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().startswith("listening on")
     return proc
 
 
 def outcome(logged: list[str], online: Counter[str], after: Counter[str], note: str) -> dict[str, Any]:
     return {
-        "logged": len(logged), "online": sum(1 for i in logged if online[i]),
-        "after sync": sum(1 for i in logged if after[i]), "lost": sum(1 for i in logged if not after[i]),
-        "twice": sum(1 for i in logged if after[i] > 1), "note": note,
-    }  # fmt: skip
+        "logged": len(logged),
+        "online": sum(1 for i in logged if online[i]),
+        "after sync": sum(1 for i in logged if after[i]),
+        "lost": sum(1 for i in logged if not after[i]),
+        "twice": sum(1 for i in logged if after[i] > 1),
+        "note": note,
+    }
 
 
 def run_dir_of(run: Any) -> str:
@@ -170,7 +176,7 @@ def read_disk(run_dir: Path) -> tuple[Counter[str], int, int]:
     corrupt = unended = 0
     for path in sorted(run_dir.rglob("*")):
         name = path.name
-        if not path.is_file() or name.startswith("rejected") or "local" in path.parts[len(run_dir.parts):]:
+        if not path.is_file() or name.startswith("rejected") or "local" in path.parts[len(run_dir.parts) :]:
             continue
         if name.endswith(".jsonl.zst"):
             with path.open("rb") as handle:
@@ -200,8 +206,9 @@ def killed_producer(work: Path, kills: int, large: bool) -> dict[str, Any]:
     rng = random.Random(1201)
     small = [] if large else ["--small"]
     for seed in range(kills):
-        proc = subprocess.Popen([sys.executable, PRODUCER, str(seed), *small], cwd=work, stdout=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, PRODUCER, str(seed), *small], cwd=work, stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.05, 0.6))
         proc.send_signal(signal.SIGKILL)
@@ -213,8 +220,10 @@ def killed_producer(work: Path, kills: int, large: bool) -> dict[str, Any]:
         note = sync(svc.url, str(run_dir))
     after = stored(work / "traces.db")
     result = outcome(confirmed, Counter(), after if HAS_SYNC else on_disk, note)
-    result["note"] = (f"{kills} kills{' (records up to 1.2 MB)' if large else ''}: {corrupt} corrupt and {unended} "
-                      f"unended lines on disk; {note}")  # fmt: skip
+    result["note"] = (
+        f"{kills} kills{' (records up to 1.2 MB)' if large else ''}: {corrupt} corrupt and {unended} "
+        f"unended lines on disk; {note}"
+    )
     result["logged"] = f"{len(confirmed)} confirmed"
     return result
 
@@ -300,8 +309,11 @@ def main() -> None:
             continue
         with scenario_dir() as work:
             row = scenario(work)
-        print(f"| {name} | {row['logged']} | {row['online']} | {row['after sync']} | {row['lost']} | "
-              f"{row['twice']} | {row['note']} |", flush=True)  # fmt: skip
+        print(
+            f"| {name} | {row['logged']} | {row['online']} | {row['after sync']} | {row['lost']} | "
+            f"{row['twice']} | {row['note']} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

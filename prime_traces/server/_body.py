@@ -103,8 +103,9 @@ class MemoryCharge:
         self.give(self.held)
 
 
-def read_body(read: Callable[[int], bytes], length: int, charge: MemoryCharge,
-              bandwidth_mb_s: float | None = None) -> bytearray:  # fmt: skip
+def read_body(
+    read: Callable[[int], bytes], length: int, charge: MemoryCharge, bandwidth_mb_s: float | None = None
+) -> bytearray:
     """Read exactly ``length`` bytes with ``read(n)``, no faster than ``bandwidth_mb_s``.
 
     Memory grows with the bytes received; each chunk is charged before it is

@@ -41,8 +41,9 @@ class Part:
     end: int
 
 
-def decode_body(body: bytearray, content_type: str | None, limit_bytes: int,
-                charge: MemoryCharge | None = None) -> tuple[bytes, bytes | bytearray]:  # fmt: skip
+def decode_body(
+    body: bytearray, content_type: str | None, limit_bytes: int, charge: MemoryCharge | None = None
+) -> tuple[bytes, bytes | bytearray]:
     """``(metadata part, uncompressed traces part)`` of an upload body.
 
     400 ``invalid_metadata`` unless there is exactly one part of each. An
@@ -53,8 +54,7 @@ def decode_body(body: bytearray, content_type: str | None, limit_bytes: int,
     for name in ("metadata", "traces"):
         found = sum(1 for p in parts if p.name == name)
         if found != 1:
-            raise HTTPError(400, ErrorCode.INVALID_METADATA,
-                            f"expected exactly one {name!r} part, got {found}")  # fmt: skip
+            raise HTTPError(400, ErrorCode.INVALID_METADATA, f"expected exactly one {name!r} part, got {found}")
     meta_part = next(p for p in parts if p.name == "metadata")
     traces = next(p for p in parts if p.name == "traces")
     metadata = bytes(body[meta_part.start : meta_part.end])
@@ -130,8 +130,9 @@ def parse_multipart(body: bytes | bytearray, boundary: bytes) -> list[Part]:
         pos = end + 2 + len(delimiter)
 
 
-def decode_part(data: memoryview, coding: str | None, limit_bytes: int,
-                charge: MemoryCharge | None = None) -> bytes | bytearray:  # fmt: skip
+def decode_part(
+    data: memoryview, coding: str | None, limit_bytes: int, charge: MemoryCharge | None = None
+) -> bytes | bytearray:
     """Undo the part's Content-Encoding, refusing output past ``limit_bytes``.
 
     An unknown coding is 415 with ``Accept-Encoding`` (contract §9); a broken
@@ -159,9 +160,10 @@ def decode_part(data: memoryview, coding: str | None, limit_bytes: int,
 
 def _too_large(limit_bytes: int) -> HTTPError:
     return HTTPError(
-        400, ErrorCode.UPLOAD_TOO_LARGE,
+        400,
+        ErrorCode.UPLOAD_TOO_LARGE,
         f"the traces part is over {limit_bytes} bytes uncompressed; send smaller batches",
-    )  # fmt: skip
+    )
 
 
 class _Output:
@@ -199,8 +201,9 @@ class _Output:
         return self._first if self._first is not None else b""
 
 
-def _gunzip(data: memoryview, limit_bytes: int, inflate: ModuleType | None = None, *,
-            charge: MemoryCharge | None = None) -> bytes | bytearray:  # fmt: skip
+def _gunzip(
+    data: memoryview, limit_bytes: int, inflate: ModuleType | None = None, *, charge: MemoryCharge | None = None
+) -> bytes | bytearray:
     # max_length bounds what zlib produces, so a bomb costs at most the limit,
     # and each step is charged before it is produced.
     inflate = inflate or _inflate_module

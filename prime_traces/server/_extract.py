@@ -19,9 +19,13 @@ TRUNCATING_STOP_CONDITIONS = frozenset(
     {"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "compaction_failed"}
 )
 _PROVIDERS = (
-    ("pinference", "prime"), ("primeintellect", "prime"), ("openai", "openai"),
-    ("anthropic", "anthropic"), ("openrouter", "openrouter"), ("googleapis", "google"),
-)  # fmt: skip
+    ("pinference", "prime"),
+    ("primeintellect", "prime"),
+    ("openai", "openai"),
+    ("anthropic", "anthropic"),
+    ("openrouter", "openrouter"),
+    ("googleapis", "google"),
+)
 
 
 @dataclass

@@ -79,8 +79,9 @@ def validate_light(body: bytes | bytearray, meta: UploadMeta) -> IngestResult:
     """Count lines and apply the reject marker; parse no JSON (load tests)."""
     lines = count_records(body)
     if lines > MAX_ROWS_PER_UPLOAD:
-        raise _rejection(meta, ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
-                         f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload", None, None)  # fmt: skip
+        raise _rejection(
+            meta, ErrorCode.TOO_MANY_TRACES_IN_UPLOAD, f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload", None, None
+        )
     if meta.reject_marker is not None:
         errors: list[tuple[ErrorCode, str, int, str | None]] = []
         at, number, counted_to = body.find(meta.reject_marker), 1, 0
@@ -116,8 +117,13 @@ def validate_full(body: bytes | bytearray, meta: UploadMeta) -> IngestResult:
             result.rows += rows
             if result.rows > MAX_ROWS_PER_UPLOAD:
                 # About the request's size, not this line: answered alone, at once.
-                raise _rejection(meta, ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
-                                 f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload", number, record_id)  # fmt: skip
+                raise _rejection(
+                    meta,
+                    ErrorCode.TOO_MANY_TRACES_IN_UPLOAD,
+                    f"more than {MAX_ROWS_PER_UPLOAD} rows in one upload",
+                    number,
+                    record_id,
+                )
             check_record(record, meta.line_format, meta.now, seen)
             result.lines += 1
         except LineError as err:
@@ -142,12 +148,12 @@ def iter_rows(body: bytes | bytearray, meta: UploadMeta) -> Iterator[TraceRow | 
                 start = float(record["timing"]["start"])
                 yield TraceRow(trace_columns(record, start, len(raw), meta, None), raw)
         except (OverflowError, ValueError) as err:  # a value no column can hold: this line's fault
-            raise _rejection(meta, ErrorCode.INVALID_TRACE, f"record cannot be stored: {err}", number,
-                             record["id"]) from None  # fmt: skip
+            raise _rejection(
+                meta, ErrorCode.INVALID_TRACE, f"record cannot be stored: {err}", number, record["id"]
+            ) from None
 
 
-def _rejection(meta: UploadMeta, code: ErrorCode, message: str, line: int | None,
-               record_id: str | None) -> HTTPError:
+def _rejection(meta: UploadMeta, code: ErrorCode, message: str, line: int | None, record_id: str | None) -> HTTPError:
     if meta.reject_omit_line:
         line = record_id = None
     return HTTPError(400, code, _located(message, line), line=line, record_id=record_id)

@@ -22,7 +22,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from prime_traces.version import __version__
 from prime_traces.errors import ErrorCode
 from prime_traces.server._body import MemoryRefused
 from prime_traces.server._http import (
@@ -38,6 +37,7 @@ from prime_traces.server._http import (
     producer_of,
     retry_after_value,
 )
+from prime_traces.version import __version__
 
 if TYPE_CHECKING:
     from prime_traces.server._state import ServiceState
@@ -84,7 +84,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.timeout = self.server.state.read_timeout_s
         super().setup()
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the stdlib's signature)
         logger.debug("%s %s", self.address_string(), format % args)
 
     def do_GET(self) -> None:
@@ -106,9 +106,15 @@ class RequestHandler(BaseHTTPRequestHandler):
             except HTTPError as err:
                 response = self._error(state, err)
             except MemoryRefused as err:
-                response = self._error(state, HTTPError(
-                    503, ErrorCode.INGEST_CAPACITY_EXCEEDED, str(err),
-                    headers={"Retry-After": retry_after_value(state.saturated_retry_after_s)}))  # fmt: skip
+                response = self._error(
+                    state,
+                    HTTPError(
+                        503,
+                        ErrorCode.INGEST_CAPACITY_EXCEEDED,
+                        str(err),
+                        headers={"Retry-After": retry_after_value(state.saturated_retry_after_s)},
+                    ),
+                )
             except DropConnection:
                 self.close_connection = True
                 with contextlib.suppress(OSError):

@@ -67,10 +67,8 @@ _MISSING = object()
 _CURSOR_TYPES = (int, int, float)
 _STEPPED, _UNSTEPPED = 0, 1
 
-_KNOWN_RUN = ("SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?) "
-              "OR EXISTS (SELECT 1 FROM traces WHERE run_id = ?)")  # fmt: skip
-_NAMES_CLAUSE = ("EXISTS (SELECT 1 FROM json_each(metrics) AS n "
-                 "WHERE n.key IN (SELECT value FROM json_each(?)))")  # fmt: skip
+_KNOWN_RUN = "SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?) OR EXISTS (SELECT 1 FROM traces WHERE run_id = ?)"
+_NAMES_CLAUSE = "EXISTS (SELECT 1 FROM json_each(metrics) AS n WHERE n.key IN (SELECT value FROM json_each(?)))"
 
 Row = tuple[int | None, float, dict[str, Any]]
 
@@ -124,9 +122,11 @@ def _row(index: int, row: Any) -> Row:
         raise _invalid(f"{where}.metrics must be an object, not {_kind(metrics)}")
     for name, value in metrics.items():
         if not _is_value(value):
-            raise _invalid(f"{where}.metrics[{name!r}] must be a number, boolean, string or null, "
-                           f"not {_kind(value)} (non-finite floats travel as \"NaN\", "
-                           "\"Infinity\", \"-Infinity\")")  # fmt: skip
+            raise _invalid(
+                f"{where}.metrics[{name!r}] must be a number, boolean, string or null, "
+                f'not {_kind(value)} (non-finite floats travel as "NaN", '
+                '"Infinity", "-Infinity")'
+            )
     return step, float(when), metrics
 
 
@@ -138,8 +138,9 @@ def parse_rows(body: Any) -> list[Row]:
     if not isinstance(rows, list):
         raise _invalid(f"rows must be a list, not {_kind(rows)}")
     if len(rows) > MAX_ROWS_PER_REQUEST:
-        raise _invalid(f"at most {MAX_ROWS_PER_REQUEST:,} rows a request, not {len(rows):,}; "
-                       "send them in several requests")  # fmt: skip
+        raise _invalid(
+            f"at most {MAX_ROWS_PER_REQUEST:,} rows a request, not {len(rows):,}; send them in several requests"
+        )
     return [_row(index, row) for index, row in enumerate(rows)]
 
 
@@ -150,14 +151,12 @@ def _dumps(metrics: dict[str, Any]) -> str:
     return orjson.dumps(metrics).decode()
 
 
-def _merge_stepped(conn: sqlite3.Connection, run_id: str,
-                   stepped: dict[int, tuple[float, dict[str, Any]]]) -> int:
+def _merge_stepped(conn: sqlite3.Connection, run_id: str, stepped: dict[int, tuple[float, dict[str, Any]]]) -> int:
     """Merge each step's row into the stored one; returns how many rows changed."""
     stored = {
         r["step"]: (r["time"], r["metrics"])
         for r in conn.execute(
-            "SELECT step, time, metrics FROM run_metrics "
-            "WHERE run_id = ? AND step IN (SELECT value FROM json_each(?))",
+            "SELECT step, time, metrics FROM run_metrics WHERE run_id = ? AND step IN (SELECT value FROM json_each(?))",
             (run_id, orjson.dumps(list(stepped))),
         )
     }
@@ -193,10 +192,8 @@ def post_metrics(req: Request) -> Response:
     with req.state.store.writer() as conn:
         require_run(conn, run_id)
         changed = _merge_stepped(conn, run_id, stepped) if stepped else 0
-        conn.executemany("INSERT INTO run_metrics (run_id, step, time, metrics) VALUES (?, NULL, ?, ?)",
-                         unstepped)  # fmt: skip
-    logger.debug("run %r: %d metric rows accepted, %d stored rows changed", run_id, len(rows),
-                 changed + len(unstepped))  # fmt: skip
+        conn.executemany("INSERT INTO run_metrics (run_id, step, time, metrics) VALUES (?, NULL, ?, ?)", unstepped)
+    logger.debug("run %r: %d metric rows accepted, %d stored rows changed", run_id, len(rows), changed + len(unstepped))
     return json_response(200, {"accepted": len(rows)})
 
 
@@ -236,14 +233,20 @@ def _cursor(token: str, scope: str, filters: dict[str, Any]) -> list[Any]:
     return key
 
 
-def _select(conn: sqlite3.Connection, where: list[str], args: list[Any], order: str,
-            count: int) -> list[sqlite3.Row]:
+def _select(conn: sqlite3.Connection, where: list[str], args: list[Any], order: str, count: int) -> list[sqlite3.Row]:
     sql = f"SELECT seq, step, time, metrics FROM run_metrics WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ?"
     return conn.execute(sql, [*args, count]).fetchall()
 
 
-def _page(conn: sqlite3.Connection, run_id: str, names: list[str] | None, min_step: int | None,
-          max_step: int | None, after: list[Any] | None, count: int) -> list[sqlite3.Row]:
+def _page(
+    conn: sqlite3.Connection,
+    run_id: str,
+    names: list[str] | None,
+    min_step: int | None,
+    max_step: int | None,
+    after: list[Any] | None,
+    count: int,
+) -> list[sqlite3.Row]:
     """Up to ``count`` rows after ``after``: the stepped ones, then the unstepped ones."""
     common, common_args = ["run_id = ?"], [run_id]
     if names is not None:
@@ -293,8 +296,11 @@ def get_metrics(req: Request) -> Response:
     if len(rows) > limit:
         rows = rows[:limit]
         last = rows[-1]
-        key = ([_STEPPED, last["step"], last["time"]] if last["step"] is not None
-               else [_UNSTEPPED, last["seq"], last["time"]])  # fmt: skip
+        key = (
+            [_STEPPED, last["step"], last["time"]]
+            if last["step"] is not None
+            else [_UNSTEPPED, last["seq"], last["time"]]
+        )
         next_cursor = encode_cursor(scope, filters, key)
     return json_response(200, {"rows": [_render(r, names) for r in rows], "next_cursor": next_cursor})
 
@@ -305,14 +311,14 @@ def get_metrics(req: Request) -> Response:
 def metrics_summary(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, Any]]:
     """``{name: {"last", "min", "max", "count", "last_step"}}`` over the run's history."""
     summary: dict[str, dict[str, Any]] = {}
-    rows = conn.execute("SELECT step, metrics FROM run_metrics WHERE run_id = ? "
-                        "ORDER BY step IS NULL, step, time, seq", (run_id,))  # fmt: skip
+    rows = conn.execute(
+        "SELECT step, metrics FROM run_metrics WHERE run_id = ? ORDER BY step IS NULL, step, time, seq", (run_id,)
+    )
     for step, text in rows:
         for name, value in orjson.loads(text).items():
             entry = summary.get(name)
             if entry is None:
-                entry = summary[name] = {"last": None, "min": None, "max": None, "count": 0,
-                                         "last_step": None}  # fmt: skip
+                entry = summary[name] = {"last": None, "min": None, "max": None, "count": 0, "last_step": None}
             entry["last"], entry["last_step"] = value, step
             entry["count"] += 1
             if type(value) in (int, float):

@@ -274,9 +274,8 @@ def context_filters(query: dict[str, list[str]]) -> dict[str, str]:
     filters = {}
     for name in query:
         if name.startswith(CONTEXT_PREFIX):
-            key = name[len(CONTEXT_PREFIX):]
+            key = name[len(CONTEXT_PREFIX) :]
             if not key:
                 raise bad_filter("a context filter needs a key: context.<key>=<value>")
             filters[key] = one(query, name)
     return filters
-

@@ -64,8 +64,7 @@ def keyset_page(
         after, tie = decode_cursor(token, scope, filters, key_types)
         where.append(f"({first} {op} ? OR ({first} = ? AND {second} {op} ?))")
         args += [after, after, tie]
-    sql = (f"{select} WHERE {' AND '.join(where) or '1'} "
-           f"ORDER BY {first} {direction}, {second} {direction} LIMIT ?")  # fmt: skip
+    sql = f"{select} WHERE {' AND '.join(where) or '1'} ORDER BY {first} {direction}, {second} {direction} LIMIT ?"
     rows = conn.execute(sql, [*args, limit + 1]).fetchall()
     if len(rows) <= limit:
         return rows, None
@@ -101,8 +100,9 @@ def decode_cursor(token: str, scope: str, filters: dict[str, Any], types: Sequen
     ):
         raise HTTPError(400, ErrorCode.INVALID_CURSOR, "cursor is not one this service issued")
     if payload.get("f") != _filter_hash(scope, filters):
-        raise HTTPError(400, ErrorCode.INVALID_CURSOR,
-                        "cursor was issued for other filters; send the same filters with it")  # fmt: skip
+        raise HTTPError(
+            400, ErrorCode.INVALID_CURSOR, "cursor was issued for other filters; send the same filters with it"
+        )
     return key
 
 

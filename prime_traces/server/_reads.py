@@ -42,9 +42,13 @@ logger = logging.getLogger(__name__)
 RAW_CHUNK_BYTES = 256 * 1024
 _TRACE_EQUALITY = ("run_id", "environment_id", "model_id", "model_provider", "task_id", "outcome")
 _SORTS = {
-    "newest": True, "-created_at": True, "created_at_desc": True,
-    "oldest": False, "created_at": False, "created_at_asc": False,
-}  # fmt: skip
+    "newest": True,
+    "-created_at": True,
+    "created_at_desc": True,
+    "oldest": False,
+    "created_at": False,
+    "created_at_asc": False,
+}
 _HINT_TOLERANCE_S = 0.001
 _NEWEST_TRACE = "SELECT * FROM traces WHERE trace_id = ? ORDER BY seq DESC LIMIT 1"
 _NEWEST_EPISODE = "SELECT * FROM episodes WHERE episode_id = ? ORDER BY seq DESC LIMIT 1"
@@ -53,13 +57,15 @@ _NEWEST_EPISODE = "SELECT * FROM episodes WHERE episode_id = ? ORDER BY seq DESC
 def _context_clause(column: str, context: dict[str, str], where: list[str], args: list[Any]) -> None:
     for key, value in sorted(context.items()):
         # json_each rather than a JSON path: any key works, quotes and dots included.
-        where.append(f"EXISTS (SELECT 1 FROM json_each({column}) AS c "
-                     "WHERE c.key = ? AND c.type = 'text' AND c.value = ?)")  # fmt: skip
+        where.append(
+            f"EXISTS (SELECT 1 FROM json_each({column}) AS c WHERE c.key = ? AND c.type = 'text' AND c.value = ?)"
+        )
         args += [key, value]
 
 
-def _time_clauses(query: dict[str, list[str]], column: str, where: list[str], args: list[Any],
-                  filters: dict[str, Any]) -> None:
+def _time_clauses(
+    query: dict[str, list[str]], column: str, where: list[str], args: list[Any], filters: dict[str, Any]
+) -> None:
     after, before = m.as_time(query, "created_after"), m.as_time(query, "created_before")
     if after is not None:
         where.append(f"{column} >= ?")
@@ -71,8 +77,9 @@ def _time_clauses(query: dict[str, list[str]], column: str, where: list[str], ar
         filters["created_before"] = before
 
 
-def trace_filters(query: dict[str, list[str]], *, upload_ids: bool = True,
-                  prefix: str = "") -> tuple[list[str], list[Any], dict[str, Any]]:
+def trace_filters(
+    query: dict[str, list[str]], *, upload_ids: bool = True, prefix: str = ""
+) -> tuple[list[str], list[Any], dict[str, Any]]:
     """``(where clauses, args, normalised filters)`` of the trace-list filters of §3."""
     where: list[str] = []
     args: list[Any] = []
@@ -108,11 +115,19 @@ def trace_filters(query: dict[str, list[str]], *, upload_ids: bool = True,
     return where, args, filters
 
 
-def _trace_page(req: Request, select: str, where: list[str], args: list[Any], scope: str,
-                filters: dict[str, Any], descending: bool = True) -> Response:
+def _trace_page(
+    req: Request,
+    select: str,
+    where: list[str],
+    args: list[Any],
+    scope: str,
+    filters: dict[str, Any],
+    descending: bool = True,
+) -> Response:
     with req.state.store.reader() as conn:
-        rows, cursor = keyset_page(conn, req.query, select=select, where=where, args=args,
-                                   scope=scope, filters=filters, descending=descending)  # fmt: skip
+        rows, cursor = keyset_page(
+            conn, req.query, select=select, where=where, args=args, scope=scope, filters=filters, descending=descending
+        )
     return json_response(200, {"items": [m.trace_summary(r) for r in rows], "next_cursor": cursor})
 
 
@@ -156,8 +171,9 @@ class _SubstrBlob:
         return self._length
 
     def read(self, size: int) -> bytes:
-        chunk = self._conn.execute(f"SELECT substr(raw, ?, ?) FROM {self._table} WHERE seq = ?",
-                                   (self._at + 1, size, self._seq)).fetchone()[0]  # fmt: skip
+        chunk = self._conn.execute(
+            f"SELECT substr(raw, ?, ?) FROM {self._table} WHERE seq = ?", (self._at + 1, size, self._seq)
+        ).fetchone()[0]
         self._at += len(chunk)
         return bytes(chunk)
 
@@ -262,11 +278,15 @@ def list_episodes(req: Request) -> Response:
         _context_clause("t.context", context, member_where, args)
         filters["context"] = context
     if member_where:
-        where.append("EXISTS (SELECT 1 FROM traces AS t WHERE t.episode_seq = episodes.seq AND "
-                     + " AND ".join(member_where) + ")")  # fmt: skip
+        where.append(
+            "EXISTS (SELECT 1 FROM traces AS t WHERE t.episode_seq = episodes.seq AND "
+            + " AND ".join(member_where)
+            + ")"
+        )
     with req.state.store.reader() as conn:
-        rows, cursor = keyset_page(conn, query, select="SELECT * FROM episodes", where=where,
-                                   args=args, scope="episodes", filters=filters)  # fmt: skip
+        rows, cursor = keyset_page(
+            conn, query, select="SELECT * FROM episodes", where=where, args=args, scope="episodes", filters=filters
+        )
     return json_response(200, {"items": [m.episode_summary(r) for r in rows], "next_cursor": cursor})
 
 
@@ -286,11 +306,14 @@ def get_episode(req: Request) -> Response:
             "FROM traces WHERE episode_seq = ?",
             (row["seq"],),
         ).fetchone()
-        names = [r[0] for r in conn.execute(
-            "SELECT DISTINCT agent_name FROM traces WHERE episode_seq = ? "
-            "AND agent_name IS NOT NULL ORDER BY agent_name",
-            (row["seq"],),
-        )]  # fmt: skip
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT agent_name FROM traces WHERE episode_seq = ? "
+                "AND agent_name IS NOT NULL ORDER BY agent_name",
+                (row["seq"],),
+            )
+        ]
     return json_response(200, m.episode_detail(row, m.trace_aggregate(totals, names)))
 
 
@@ -298,8 +321,9 @@ def list_episode_traces(req: Request) -> Response:
     episode_id = req.params["episode_id"]
     where, args, filters = trace_filters(req.query, upload_ids=False)
     with req.state.store.reader() as conn:
-        row = conn.execute("SELECT seq FROM episodes WHERE episode_id = ? ORDER BY seq DESC LIMIT 1",
-                           (episode_id,)).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT seq FROM episodes WHERE episode_id = ? ORDER BY seq DESC LIMIT 1", (episode_id,)
+        ).fetchone()
     if row is None:
         raise HTTPError(404, ErrorCode.EPISODE_NOT_FOUND, f"episode {episode_id!r} not found")
     where.insert(0, "episode_seq = ?")

@@ -125,10 +125,16 @@ def list_runs(req: Request) -> Response:
             filters[name] = at
     with req.state.store.reader() as conn:
         rows, cursor = keyset_page(
-            conn, query, select=_RUNS_SQL.format(scope=""), where=where, args=args,
-            scope="runs", filters=filters, keys=("last_trace_ingested_at", "run_id"),
+            conn,
+            query,
+            select=_RUNS_SQL.format(scope=""),
+            where=where,
+            args=args,
+            scope="runs",
+            filters=filters,
+            keys=("last_trace_ingested_at", "run_id"),
             key_types=(float, str),
-        )  # fmt: skip
+        )
     return json_response(200, {"items": [m.run_summary(r) for r in rows], "next_cursor": cursor})
 
 
@@ -159,12 +165,15 @@ def get_run_steps(req: Request) -> Response:
             (run_id,),
         ).fetchall()
     items = [m.run_step(r) for r in rows]
-    return json_response(200, {
-        "step_min": items[0]["step"] if items else None,
-        "step_max": items[-1]["step"] if items else None,
-        "step_count": len(items),
-        "items": items,
-    })  # fmt: skip
+    return json_response(
+        200,
+        {
+            "step_min": items[0]["step"] if items else None,
+            "step_max": items[-1]["step"] if items else None,
+            "step_count": len(items),
+            "items": items,
+        },
+    )
 
 
 # -- lifecycle ---------------------------------------------------------------
@@ -230,9 +239,20 @@ def create_run(req: Request) -> Response:
             conn.execute(
                 "INSERT INTO runs (run_id, name, kind, config, summary, tags, status, error, "
                 "created_at, finished_at, created_by) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, name, kind, orjson.dumps(config).decode(), "{}", orjson.dumps(tags).decode(),
-                 "running", None, time.time(), None, req.producer),
-            )  # fmt: skip
+                (
+                    run_id,
+                    name,
+                    kind,
+                    orjson.dumps(config).decode(),
+                    "{}",
+                    orjson.dumps(tags).decode(),
+                    "running",
+                    None,
+                    time.time(),
+                    None,
+                    req.producer,
+                ),
+            )
             row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     if created:
         logger.info("created %s run %r (%s)", kind, run_id, name)
@@ -241,8 +261,9 @@ def create_run(req: Request) -> Response:
 
 def _adopt_traced_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
     """The lifecycle row of a run known only from traces, created now; None if unknown."""
-    first = conn.execute("SELECT run_type, producer FROM traces WHERE run_id = ? ORDER BY seq LIMIT 1",
-                         (run_id,)).fetchone()  # fmt: skip
+    first = conn.execute(
+        "SELECT run_type, producer FROM traces WHERE run_id = ? ORDER BY seq LIMIT 1", (run_id,)
+    ).fetchone()
     if first is None:
         return None
     kind = first["run_type"] if first["run_type"] in RUN_KINDS else None
@@ -275,9 +296,11 @@ def patch_run(req: Request) -> Response:
         changes: dict[str, Any] = {}
         if status is not None and status != current:
             if current in TERMINAL_STATUSES:
-                raise HTTPError(409, ErrorCode.RUN_FINISHED,
-                                f"run {run_id!r} already finished as {current}; "
-                                f"it cannot become {status}")  # fmt: skip
+                raise HTTPError(
+                    409,
+                    ErrorCode.RUN_FINISHED,
+                    f"run {run_id!r} already finished as {current}; it cannot become {status}",
+                )
             changes.update(status=status, error=error, finished_at=time.time())
         if config:
             changes["config"] = orjson.dumps({**orjson.loads(row["config"]), **config}).decode()

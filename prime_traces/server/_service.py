@@ -47,10 +47,7 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         try:
-            return all(
-                ipaddress.ip_address(info[4][0]).is_loopback
-                for info in socket.getaddrinfo(host, None)
-            )
+            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
         except OSError:
             return False
 

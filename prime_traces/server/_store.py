@@ -121,16 +121,44 @@ CREATE INDEX IF NOT EXISTS run_metrics_unstepped ON run_metrics (run_id, time) W
 """
 
 TRACE_COLUMNS = (
-    "trace_id", "upload_id", "episode_id", "created_at", "ingested_at", "run_id",
-    "run_type", "run_step", "environment_id", "model_provider", "model_id", "task_id",
-    "agent_name", "reward", "outcome", "has_error", "is_truncated", "duration_ms",
-    "total_tokens", "size_bytes", "context", "producer",
-)  # fmt: skip
-EPISODE_COLUMNS = (
-    "episode_id", "upload_id", "schema_version", "created_at", "ingested_at", "run_id",
-    "environment_id", "outcome", "has_error", "error_type", "error_message", "context",
+    "trace_id",
+    "upload_id",
+    "episode_id",
+    "created_at",
+    "ingested_at",
+    "run_id",
+    "run_type",
+    "run_step",
+    "environment_id",
+    "model_provider",
+    "model_id",
+    "task_id",
+    "agent_name",
+    "reward",
+    "outcome",
+    "has_error",
+    "is_truncated",
+    "duration_ms",
+    "total_tokens",
+    "size_bytes",
+    "context",
     "producer",
-)  # fmt: skip
+)
+EPISODE_COLUMNS = (
+    "episode_id",
+    "upload_id",
+    "schema_version",
+    "created_at",
+    "ingested_at",
+    "run_id",
+    "environment_id",
+    "outcome",
+    "has_error",
+    "error_type",
+    "error_message",
+    "context",
+    "producer",
+)
 
 
 # Rows are inserted in chunks of at most this many rows or document bytes,
@@ -248,20 +276,23 @@ class Store:
         the whole upload back.
         """
         with self.writer() as conn:
-            row = conn.execute(
-                "SELECT * FROM uploads WHERE upload_id = ?", (upload.upload_id,)
-            ).fetchone()
+            row = conn.execute("SELECT * FROM uploads WHERE upload_id = ?", (upload.upload_id,)).fetchone()
             if row is not None:
                 return _upload_from_row(row), False
             conn.execute(
                 "INSERT INTO uploads VALUES (?,?,?,?,?,?,?,?,?)",
                 (
-                    upload.upload_id, upload.line_format, orjson.dumps(upload.receipt).decode(),
-                    upload.producer, orjson.dumps(upload.context).decode(),
-                    upload.schema_version, upload.line_count, upload.size_bytes,
+                    upload.upload_id,
+                    upload.line_format,
+                    orjson.dumps(upload.receipt).decode(),
+                    upload.producer,
+                    orjson.dumps(upload.context).decode(),
+                    upload.schema_version,
+                    upload.line_count,
+                    upload.size_bytes,
                     upload.ingested_at,
                 ),
-            )  # fmt: skip
+            )
             if keep_documents:
                 for chunk in _chunks(rows):
                     _insert_traces(conn, [r for r in chunk if isinstance(r, TraceRow)], None)
@@ -299,9 +330,10 @@ def _insert_traces(conn: sqlite3.Connection, traces: list[TraceRow], episode_seq
     # Seqs given explicitly (under the write lock) so that both tables take one
     # executemany each; SQLite's AUTOINCREMENT counter follows them.
     first = _next_seq(conn, "traces")
-    conn.executemany(_TRACE_INSERT, (
-        (first + i, *(t.columns[name] for name in TRACE_COLUMNS), episode_seq) for i, t in enumerate(traces)
-    ))  # fmt: skip
+    conn.executemany(
+        _TRACE_INSERT,
+        ((first + i, *(t.columns[name] for name in TRACE_COLUMNS), episode_seq) for i, t in enumerate(traces)),
+    )
     conn.executemany("INSERT INTO trace_docs VALUES (?, ?)", ((first + i, t.raw) for i, t in enumerate(traces)))
 
 

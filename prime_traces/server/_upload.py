@@ -23,6 +23,7 @@ import orjson
 
 from prime_traces.errors import ErrorCode
 from prime_traces.server._decode import decode_body
+from prime_traces.server._extract import UploadMeta
 from prime_traces.server._http import (
     HTTPError,
     Request,
@@ -32,7 +33,6 @@ from prime_traces.server._http import (
     retry_after_value,
     route,
 )
-from prime_traces.server._extract import UploadMeta
 from prime_traces.server._ingest import iter_rows, validate_full, validate_light
 from prime_traces.server._store import UploadRecord
 
@@ -54,16 +54,18 @@ def post_traces(req: Request) -> Response:
     if length > state.max_body_bytes:
         # Refused before reading: the connection is closed rather than drained.
         req.handler.close_after_response()
-        raise HTTPError(400, ErrorCode.UPLOAD_TOO_LARGE,
-                        f"request body of {length} bytes is over {state.max_body_bytes}")  # fmt: skip
+        raise HTTPError(
+            400, ErrorCode.UPLOAD_TOO_LARGE, f"request body of {length} bytes is over {state.max_body_bytes}"
+        )
     if not state.limiter.try_acquire(req.producer):
         req.handler.drain_body()
         retry_after = state.saturated_retry_after_s
         raise HTTPError(
-            503, ErrorCode.WRITER_POOL_SATURATED,
+            503,
+            ErrorCode.WRITER_POOL_SATURATED,
             f"more than {state.limiter.limit} uploads in flight for this credential; retry later",
             headers={"Retry-After": retry_after_value(retry_after)},
-        )  # fmt: skip
+        )
     try:
         return _upload(req, length)
     finally:
@@ -74,8 +76,9 @@ def _upload(req: Request, length: int) -> Response:
     state, faults = req.state, req.state.faults
     key = req.header("Idempotency-Key") or ""
     if not _KEY_RE.match(key):
-        raise HTTPError(400, ErrorCode.INVALID_IDEMPOTENCY_KEY,
-                        "Idempotency-Key must be 'sha256:' and 64 lowercase hex digits")  # fmt: skip
+        raise HTTPError(
+            400, ErrorCode.INVALID_IDEMPOTENCY_KEY, "Idempotency-Key must be 'sha256:' and 64 lowercase hex digits"
+        )
     raw_format = req.header("X-Prime-Line-Format")
     body = req.read_body(length, faults.bandwidth_mb_s)
     state.stats.count_upload_attempt(length)
@@ -98,7 +101,7 @@ def _upload(req: Request, length: int) -> Response:
     wire = [body]
     del body  # _process holds the only reference, so it can free the wire bytes once decoded
     try:
-        return _process(req, wire, key[len("sha256:"):], raw_format)
+        return _process(req, wire, key[len("sha256:") :], raw_format)
     finally:
         if dropping:
             # Whatever the verdict, the answer is lost with the connection.
@@ -117,12 +120,15 @@ def _process(req: Request, wire: list[bytearray], digest: str, raw_format: str |
     _check_utf8(data)
     actual = hashlib.sha256(data).hexdigest()
     if actual != digest:
-        raise HTTPError(400, ErrorCode.DIGEST_MISMATCH,
-                        f"Idempotency-Key is sha256:{digest} but the traces part hashes "
-                        f"to sha256:{actual}")  # fmt: skip
+        raise HTTPError(
+            400,
+            ErrorCode.DIGEST_MISMATCH,
+            f"Idempotency-Key is sha256:{digest} but the traces part hashes to sha256:{actual}",
+        )
     if line_format is None:
-        raise HTTPError(400, ErrorCode.INVALID_METADATA,
-                        f"X-Prime-Line-Format must be absent or 'episode', not {raw_format!r}")  # fmt: skip
+        raise HTTPError(
+            400, ErrorCode.INVALID_METADATA, f"X-Prime-Line-Format must be absent or 'episode', not {raw_format!r}"
+        )
     existing = state.store.find_upload(digest)
     if existing is not None:
         return _replay(req, existing, line_format)
@@ -140,10 +146,10 @@ def _process(req: Request, wire: list[bytearray], digest: str, raw_format: str |
     )
     validate = validate_light if state.validate_mode == "light" else validate_full
     result = validate(data, meta)
-    receipt = {"upload_id": digest, "status": "committed", "line_format": line_format,
-               "lines": result.lines}  # fmt: skip
-    record = UploadRecord(digest, line_format, receipt, req.producer, context, schema_version,
-                          result.lines, len(data), meta.now)  # fmt: skip
+    receipt = {"upload_id": digest, "status": "committed", "line_format": line_format, "lines": result.lines}
+    record = UploadRecord(
+        digest, line_format, receipt, req.producer, context, schema_version, result.lines, len(data), meta.now
+    )
     stored, created = state.store.commit_upload(
         record, iter_rows(data, meta), keep_documents=state.store_mode == "sqlite"
     )
@@ -155,9 +161,11 @@ def _process(req: Request, wire: list[bytearray], digest: str, raw_format: str |
 
 def _replay(req: Request, existing: UploadRecord, line_format: str) -> Response:
     if existing.line_format != line_format:
-        raise HTTPError(409, ErrorCode.LINE_FORMAT_CONFLICT,
-                        f"these bytes were committed as {existing.line_format} lines, "
-                        f"not {line_format}")  # fmt: skip
+        raise HTTPError(
+            409,
+            ErrorCode.LINE_FORMAT_CONFLICT,
+            f"these bytes were committed as {existing.line_format} lines, not {line_format}",
+        )
     req.state.stats.count_replay()
     return json_response(200, existing.receipt)
 
@@ -173,14 +181,11 @@ def _metadata(raw: bytes) -> tuple[int, dict[str, str]]:
     if isinstance(version, bool) or not isinstance(version, int):
         raise HTTPError(400, ErrorCode.INVALID_METADATA, "metadata.schema_version must be an integer")
     if version != 1:
-        raise HTTPError(400, ErrorCode.UNSUPPORTED_SCHEMA_VERSION,
-                        f"schema_version {version} is not supported; use 1")  # fmt: skip
+        raise HTTPError(400, ErrorCode.UNSUPPORTED_SCHEMA_VERSION, f"schema_version {version} is not supported; use 1")
     context = metadata.get("context", {})
     if context is None:
         context = {}
-    if not isinstance(context, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in context.items()
-    ):
+    if not isinstance(context, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in context.items()):
         raise HTTPError(400, ErrorCode.INVALID_METADATA, "metadata.context must map strings to strings")
     return version, context
 
@@ -196,8 +201,9 @@ def _check_utf8(data: bytes) -> None:
             decoder.decode(view[start : start + _UTF8_SLICE_BYTES])
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as err:
-        raise HTTPError(400, ErrorCode.MALFORMED_ENCODING,
-                        f"traces part is not UTF-8 near byte {start + err.start}") from None  # fmt: skip
+        raise HTTPError(
+            400, ErrorCode.MALFORMED_ENCODING, f"traces part is not UTF-8 near byte {start + err.start}"
+        ) from None
 
 
 ROUTES = [route("POST", "/traces", post_traces)]
