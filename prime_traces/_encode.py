@@ -79,7 +79,8 @@ def _scan(value: object, limit: int, own_piece_items: int = 0) -> int:
     """
     np = sys.modules.get("numpy")
     size = 0
-    stack = [value]
+    # Any: the loop dispatches on the exact type() of each value, which mypy cannot narrow through.
+    stack: list[Any] = [value]
     numbers: list[list | tuple] = []
     while True:
         while stack:
@@ -313,7 +314,7 @@ def is_episode(record: Any) -> bool:
         return "traces" in record
     if hasattr(record, "keys"):
         try:
-            return "traces" in record  # type: ignore[operator]
+            return "traces" in record
         except TypeError:
             return False
     return hasattr(record, "traces")
@@ -382,9 +383,9 @@ class RecordEncoder:
             where = describe_located(record) or f"{err.args[0]!r} is not JSON (NaN and Infinity are refused)"
             raise ValueError(f"record {index}: {where}") from None
         except orjson.JSONEncodeError as err:
-            where = describe_located(record)
-            if where is not None:
-                raise TypeError(f"record {index}: {where}") from err
+            located = describe_located(record)
+            if located is not None:
+                raise TypeError(f"record {index}: {located}") from err
             if isinstance(err.__cause__, _Unencodable):
                 kind = type(err.__cause__.args[0]).__name__
                 raise TypeError(f"record {index}: cannot encode value of type {kind}") from err

@@ -17,7 +17,7 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -137,7 +137,7 @@ def _episode(record: Mapping[str, Any], now: float, seen: SeenIds | None) -> Lin
     return LineFacts(record, 1 + len(members), members, starts, env_id if isinstance(env_id, str) else None)
 
 
-def _is_array(value: Any) -> bool:
+def _is_array(value: object) -> TypeGuard[list[Any] | tuple[Any, ...]]:
     return isinstance(value, (list, tuple))
 
 
@@ -152,8 +152,7 @@ def _member(member: Any, position: int) -> Mapping[str, Any]:
 def _created_at(trace: Mapping[str, Any], now: float) -> float:
     timing = trace.get("timing")
     start = timing.get("start") if isinstance(timing, Mapping) else None
-    # numbers.Real also admits numpy scalars, which encode as JSON numbers.
-    if isinstance(start, bool) or not isinstance(start, numbers.Real) or not math.isfinite(start):
+    if not _is_number(start) or not math.isfinite(start):
         raise LineError(ErrorCode.CREATED_AT_OUT_OF_WINDOW, f"trace {trace['id']!r} has no numeric timing.start")
     if not now - PAST_WINDOW_S <= start <= now + FUTURE_WINDOW_S:
         raise LineError(
@@ -194,7 +193,9 @@ def check_stored_numbers(trace: Mapping[str, Any], start: float, prefix: str = "
             )
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
+    # numbers.Real also admits numpy scalars, which encode as JSON numbers. Narrowed to float,
+    # as they compare and subtract like one: typeshed's numbers.Real does not compare with a float.
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeAlias, TypeVar
 
 import orjson
 import tenacity
@@ -100,6 +100,8 @@ METRIC_FILTERS = frozenset({"names", "min_step", "max_step", "limit", "cursor"})
 _RAW = (("raw", "true"),)
 M = TypeVar("M", bound=_Model)
 T = TypeVar("T")
+# A query string's (name, value) pairs. An alias, as ReadAPI.list hides the builtin inside the class.
+_Query: TypeAlias = list[tuple[str, str]]
 
 
 class _StreamInterrupted(Exception):
@@ -118,7 +120,7 @@ def _query_value(value: Any) -> Any:
     return value
 
 
-def _query(method: str, filters: Mapping[str, Any], known: frozenset[str]) -> list[tuple[str, str]]:
+def _query(method: str, filters: Mapping[str, Any], known: frozenset[str]) -> _Query:
     unknown = sorted(set(filters) - known)
     if unknown:
         raise TypeError(f"{method}() got unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -204,7 +206,7 @@ class ReadAPI:
     def _retry_get(self, attempt: Callable[..., T], *args: Any) -> T:
         return get_retrying(self._max_get_attempts, sleep=self._sleep)(attempt, *args)
 
-    def _get_json(self, url: str, params: list[tuple[str, str]] | None = None) -> Any:
+    def _get_json(self, url: str, params: _Query | None = None) -> Any:
         def attempt() -> Any:
             resp = self._transport.request("GET", url, params=params)
             try:
@@ -214,7 +216,7 @@ class ReadAPI:
 
         return self._retry_get(attempt)
 
-    def _get_model(self, model: type[M], url: str, params: list[tuple[str, str]] | None = None) -> M:
+    def _get_model(self, model: type[M], url: str, params: _Query | None = None) -> M:
         return model.from_dict(self._get_json(url, params))
 
     def _pages(self, fetch: Callable[..., Any], filters: dict[str, Any]) -> Iterator[Any]:
@@ -337,7 +339,7 @@ class ReadAPI:
             raise ValueError(f"run_id must be a non-empty string, not {run_id!r}")
         self._delete(self._url("traces"), [("run_id", run_id)])
 
-    def _delete(self, url: str, params: list[tuple[str, str]]) -> None:
+    def _delete(self, url: str, params: _Query) -> None:
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(_delete_retryable),
             wait=wait_retry_after_or_backoff(),

@@ -62,12 +62,10 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     if not text:
         return None
     try:
-        seconds = float(text)
+        seconds: float | None = float(text)
     except ValueError:
         seconds = _seconds_until_http_date(text, now)
-        if seconds is None:
-            return None
-    if math.isnan(seconds):
+    if seconds is None or math.isnan(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 

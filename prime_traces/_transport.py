@@ -131,7 +131,7 @@ def _read_until(resp: requests.Response, deadline: float) -> None:
         resp.close()
         raise
     resp._content = b"".join(chunks)  # what .content would have read
-    resp._content_consumed = True
+    resp._content_consumed = True  # type: ignore[attr-defined]  # requests declares it; types-requests omits it
     resp.close()
 
 

@@ -201,18 +201,17 @@ class Sender:
 
 def outcome_of(batch: Batch, future: Future[UploadReceipt] | None) -> BatchOutcome:
     """The outcome of a batch from its finished future (``None``: abandoned)."""
-    base = dict(index=batch.index, line_indexes=batch.line_indexes, key=batch.key)
+    outcome = functools.partial(BatchOutcome, index=batch.index, line_indexes=batch.line_indexes, key=batch.key)
     if future is None or not future.done():
-        return BatchOutcome(**base, status=BatchStatus.ABANDONED)
+        return outcome(status=BatchStatus.ABANDONED)
     err = future.exception()
     if err is None:
-        return BatchOutcome(**base, status=BatchStatus.COMMITTED, receipt=future.result())
+        return outcome(status=BatchStatus.COMMITTED, receipt=future.result())
     if isinstance(err, (RetryableAPIError, TransportError)) or not isinstance(err, APIError):
-        return BatchOutcome(**base, status=BatchStatus.FAILED, error=err, code=getattr(err, "code", None))
+        return outcome(status=BatchStatus.FAILED, error=err, code=getattr(err, "code", None))
     rejected = batch.input_index_of(err.line) if err.line is not None else None
     listed = {index: entry for entry in err.errors if (index := batch.input_index_of(entry.line)) is not None}
-    return BatchOutcome(
-        **base,
+    return outcome(
         status=BatchStatus.REJECTED,
         error=err,
         code=err.code,

@@ -12,6 +12,7 @@ from typing import Any
 from prime_traces._batching import (
     DEFAULT_TARGET_BATCH_BYTES,
     MAX_BATCH_BYTES,
+    LineLike,
     LineParts,
     iter_file_lines,
 )
@@ -128,7 +129,7 @@ class TracesClient(ReadAPI, RunsAPI):
 
     def upload_lines(
         self,
-        lines: Iterable[bytes | str],
+        lines: Iterable[LineLike],
         *,
         line_format: LineFormat | str = LineFormat.TRACE,
         context: dict[str, str] | None = None,

@@ -26,7 +26,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -232,11 +232,11 @@ class DaemonPool(Executor):
         with self._lock:
             self._idle += 1
 
-    def shutdown(
+    def shutdown(  # type: ignore[override]  # returns whether the workers ended; Executor's returns None
         self,
         wait: bool = True,
         *,
-        cancel_futures: bool = False,  # type: ignore[override]
+        cancel_futures: bool = False,
         timeout_s: float | None = None,
     ) -> bool:
         """Take no more work; let the workers end once the queue is empty. Idempotent.
@@ -277,7 +277,7 @@ class DaemonPool(Executor):
             else:
                 item[0].cancel()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         if not self.shutdown(wait=True, timeout_s=self.exit_timeout_s):
             if exc_type is None:
                 raise TimeoutError(f"{self._name}: work still running {self.exit_timeout_s} s after its with block")
