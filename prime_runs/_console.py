@@ -43,7 +43,7 @@ logger = logging.getLogger(CONSOLE_LOGGER)
 _VERBS = {"failed": "not stored", "dropped": "dropped", "spooled": "kept on disk for a later upload"}
 
 
-class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class ConsoleHandler(logging.StreamHandler):
     """Writes to the current ``sys.stderr``; a ``progress`` record is redrawn in place on a terminal."""
 
     def __init__(self) -> None:
@@ -51,7 +51,7 @@ class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.setFormatter(logging.Formatter(PREFIX + "%(message)s"))
         self._open_line = False
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr  # resolved at each line: a test or a wrapper may replace it
 

@@ -15,7 +15,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prime_runs._encoding import EncodedWrite, RunStamp
@@ -23,7 +23,7 @@ from prime_runs._segments import Frame, frames_of
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._size_meter import SizeMeter
 from prime_runs._spool import DISK_ERROR, RecordFiles, Spool
-from prime_traces.encoding import check_record
+from prime_traces.encoding import LineParts, check_record
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def _check(line_format: str, now: float, record: Mapping[str, Any]) -> None:
     check_record(record, line_format, now)
 
 
-def _until_cancelled(lines: Iterator[Any], cancel: threading.Event) -> Iterator[Any]:
+def _until_cancelled(lines: Iterable[bytes | LineParts], cancel: threading.Event) -> Iterator[bytes | LineParts]:
     for line in lines:
         yield line
         if cancel.is_set():

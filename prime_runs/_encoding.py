@@ -117,7 +117,7 @@ class EncodedWrite:
         ledger: Ledger,
         *,
         indexes: Sequence[int] | None = None,
-        check: Callable[[Mapping[str, Any]], None] | None = None,
+        check: Callable[[Mapping[str, Any]], object] | None = None,
     ) -> None:
         self.records = records
         self.line_format = line_format

@@ -80,7 +80,7 @@ def _from_directory(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise ValueError(f"{path} is not a run directory (no {RUN_FILE}, no metrics)")
     run = {k: (document or {}).get(k) for k in ("id", "name", "kind", "status", "config", "summary", "error")}
     run["id"] = run["id"] or rundir.run_id
-    merged: dict[int | None, dict[str, Any]] = {}
+    merged: dict[int, dict[str, Any]] = {}
     loose: list[dict[str, Any]] = []
     for segment in rundir.metrics_segments():
         found = scan(segment, verify_last=False)

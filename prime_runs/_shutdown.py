@@ -322,7 +322,7 @@ def _on_signal(signum: int, frame: Any) -> None:
 def _weak(method: Callable[..., Any] | None) -> Callable[[], Any]:
     if method is None:
         return lambda: None
-    return weakref.WeakMethod(method) if hasattr(method, "__self__") else (lambda: method)  # type: ignore[arg-type]
+    return weakref.WeakMethod(method) if hasattr(method, "__self__") else (lambda: method)
 
 
 def _may_hold_a_lock(frame: Any) -> bool:

@@ -115,7 +115,7 @@ class Ledger:
 
     def _settle(self, indexes: Iterable[int], accept: tuple[int, ...] = (_OPEN,)) -> list[int]:
         # Under the lock: the indexes that were in one of ``accept``, now settled.
-        taken = []
+        taken: list[int] = []
         if self._closed:
             return taken
         state = self._state

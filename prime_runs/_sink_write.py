@@ -60,9 +60,9 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prime_runs._encoding import EncodedWrite, id_of
+from prime_runs._encoding import EncodedWrite, RunStamp, id_of
 from prime_runs._outcomes import (
     SINK,
     SIZE_CODES,
@@ -79,7 +79,9 @@ from prime_traces.errors import UploadError
 from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 
 if TYPE_CHECKING:
-    from prime_runs._traces_sink import TracesSink
+    from prime_runs._outage import Outage
+    from prime_runs._size_meter import SizeMeter
+    from prime_traces.client import TracesClient
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +98,28 @@ def _is_server_error(outcome: BatchOutcome) -> bool:
     return getattr(outcome.error, "status_code", None) == 500
 
 
+class UploadSink(Protocol):
+    """What a write needs of its sink (:class:`~prime_runs._traces_sink.TracesSink`)."""
+
+    client: TracesClient
+    stamp: RunStamp | None
+    context: dict[str, str] | None
+    meter: SizeMeter | None
+    max_attempts: int
+    target_batch_bytes: int
+    max_transient_failures: int
+    outage: Outage | None
+    #: Set by a write refused for good.
+    permanent_refusal: str | None
+
+    def _warn_failures(self, records: int, failures: collections.Counter[str], sample: str | None) -> None: ...
+
+
 class SinkWrite:
     """One call of ``write``: the groups of records still to upload, and the tallies."""
 
     def __init__(
-        self, sink: TracesSink, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event
+        self, sink: UploadSink, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event
     ) -> None:
         self.sink = sink
         self.records = records

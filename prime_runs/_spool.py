@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -35,6 +35,7 @@ from prime_runs._segments import (
     frames_of,
 )
 from prime_runs._sink import Ledger, Rejection, Undelivered
+from prime_traces.encoding import LineParts
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ class Spool:
         self.files.close()
 
 
-def _until(lines: Iterator[Any], deadline: float | None) -> Iterator[Any]:
+def _until(lines: Iterable[bytes | LineParts], deadline: float | None) -> Iterator[bytes | LineParts]:
     for line in lines:
         yield line
         if deadline is not None and time.monotonic() >= deadline:

@@ -255,6 +255,6 @@ def run_ls(args: argparse.Namespace) -> int:
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    for cells in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip())
     return EXIT_OK

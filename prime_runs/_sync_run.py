@@ -217,7 +217,7 @@ class _RunSync:
                 status, error = None, None  # still running: its own finish() records the status
             else:
                 status, error = "crashed", DIED_UNFINISHED
-        update = {
+        update: dict[str, Any] = {
             "config": doc.get("config") or {},
             "summary": doc.get("summary") or {},
             "status": status,

@@ -240,8 +240,9 @@ class UploadWorker:
             retired_sinks=sorted(self.delivery.retired),
         )
         for sink in self.sinks:
-            if callable(getattr(sink, "stats", None)):
-                snap["sinks"][sink.name].update(sink.stats())
+            stats = getattr(sink, "stats", None)  # optional: not every sink has one
+            if callable(stats):
+                snap["sinks"][sink.name].update(stats())
         return snap
 
     @property

@@ -277,7 +277,7 @@ def _trace_skeleton(rng: random.Random, mat: _Material, episode: dict, agent: tu
         "sampling": {"temperature": 1.0, "max_tokens": 8192},
     }
     run = {"id": episode["run"]["id"], "type": "train", "work": dict(episode["run"]["work"])}
-    rewards = {
+    rewards: dict[str, dict[str, float] | None] = {
         "correctness": {"score": float(rng.random() < 0.5), "weight": 1.0},
         "format": {"score": round(rng.random(), 4), "weight": 0.1},
     }

@@ -13,7 +13,7 @@ from typing import Any
 
 from prime_runs import _interrupt
 from prime_runs._console import Console
-from prime_runs._finish import finish_run, interrupted_notice, live_runs
+from prime_runs._finish import Finishing, live_runs
 from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
 from prime_runs._metric_values import History, flatten, to_wire
 from prime_runs._metric_values import row as metric_row
@@ -32,7 +32,7 @@ ON_ERROR = ("warn", "raise")
 _UPDATE_LOCK_TIMEOUT_S = 0.5
 
 
-class Run:
+class Run(Finishing):
     """One run: ``log_episodes`` never blocks; ``finish`` is bounded.
 
     Made by :func:`prime_runs.init`. ``log_episodes`` / ``log_traces`` hand
@@ -358,16 +358,13 @@ class Run:
             if summary:
                 self._merge_summary(summary)
             self._finishing = True
-            finish_run(self, status, error, deadline, timeout)
+            self._finish_run(status, error, deadline, timeout)
         finally:
             self._finished.set()
             self._finish_lock.release()
         if self._stop_requested and threading.current_thread() is threading.main_thread():
             _interrupt.end_now()  # a second Ctrl-C: what was left is on disk; end as the signal would
         self._raise_first_error()
-
-    def _interrupted(self) -> None:
-        interrupted_notice(self)  # a method: the shutdown hooks hold it weakly
 
     def _stop_waiting(self) -> None:
         """A second Ctrl-C: stop waiting for the service; what is left goes to disk."""

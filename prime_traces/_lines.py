@@ -68,7 +68,7 @@ def check_line_size(size_bytes: int) -> None:
         raise LineError(ErrorCode.TRACE_TOO_LARGE, f"line is {size_bytes} bytes, over {MAX_LINE_BYTES}")
 
 
-def parse_line(line: bytes) -> dict[str, Any]:
+def parse_line(line: bytes | bytearray) -> dict[str, Any]:
     """The record of one line: a JSON object (:func:`check_record` checks the rest)."""
     try:
         record = orjson.loads(line)

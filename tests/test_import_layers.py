@@ -1,4 +1,4 @@
-"""The modules of ``prime_traces`` import each other in layers, never in a cycle.
+"""The modules of ``prime_traces`` import each other in layers, never in a cycle; so do those of ``prime_runs``.
 
 Every import statement counts wherever it stands: at module level, inside a
 function, or under ``if TYPE_CHECKING:``. A function-local import only
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import prime_runs
 import prime_traces
 
 Graph = dict[str, set[str]]
@@ -132,6 +133,14 @@ def test_the_package_has_no_import_cycle():
     root = Path(prime_traces.__file__).parent
     modules = modules_of(root, "prime_traces")
     assert "prime_traces.server._service" in modules
+    found = cycles(import_graph(modules))
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
+
+
+def test_prime_runs_has_no_import_cycle():
+    root = Path(prime_runs.__file__).parent
+    modules = modules_of(root, "prime_runs")
+    assert "prime_runs.run" in modules
     found = cycles(import_graph(modules))
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
 

@@ -20,6 +20,7 @@ from prime_traces.errors import ErrorCode
 from prime_traces.server._body import MemoryCharge
 from prime_traces.server._http import ACCEPT_ENCODING, HTTPError
 
+_inflate_module: ModuleType
 try:  # ISA-L inflates gzip ~3x faster than zlib; optional (the "server" extra)
     from isal import isal_zlib as _inflate_module
 except ImportError:  # pragma: no cover  (exercised by the tests through inflate_with)

@@ -8,6 +8,7 @@ The columns every row of one upload shares come from its :class:`UploadMeta`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,12 +78,12 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def _calls(trace: dict[str, Any]) -> list[dict[str, Any]]:
+def _calls(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
     calls = trace.get("calls")
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
 
 
-def model_of(trace: dict[str, Any]) -> tuple[str | None, str | None]:
+def model_of(trace: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """``(provider, model id)``: the agent's configured model, else the calls' model."""
     model = _str(dig(trace, "agent", "config", "model"))
     if model is None:
@@ -92,7 +93,7 @@ def model_of(trace: dict[str, Any]) -> tuple[str | None, str | None]:
     return provider, model
 
 
-def task_id_of(trace: dict[str, Any]) -> str | None:
+def task_id_of(trace: Mapping[str, Any]) -> str | None:
     key = dig(trace, "task", "key")
     if isinstance(key, str):
         return key
@@ -104,7 +105,7 @@ def task_id_of(trace: dict[str, Any]) -> str | None:
     return None
 
 
-def reward_of(trace: dict[str, Any]) -> float | None:
+def reward_of(trace: Mapping[str, Any]) -> float | None:
     """Σ score × weight over the non-null rewards; None when there are none."""
     rewards = trace.get("rewards")
     if not isinstance(rewards, dict):
@@ -120,19 +121,19 @@ def reward_of(trace: dict[str, Any]) -> float | None:
     return total if any_reward else None
 
 
-def has_error_of(record: dict[str, Any]) -> bool:
+def has_error_of(record: Mapping[str, Any]) -> bool:
     errors = record.get("errors")
     return record.get("ok") is False or (isinstance(errors, list) and len(errors) > 0)
 
 
-def is_truncated_of(trace: dict[str, Any]) -> bool:
+def is_truncated_of(trace: Mapping[str, Any]) -> bool:
     if trace.get("stop_condition") in TRUNCATING_STOP_CONDITIONS:
         return True
     clean = [c for c in _calls(trace) if not c.get("error")]
     return bool(clean) and clean[-1].get("finish_reason") == "length"
 
 
-def total_tokens_of(trace: dict[str, Any]) -> int:
+def total_tokens_of(trace: Mapping[str, Any]) -> int:
     """The last call's total, so context re-sent on every turn is counted once."""
     for call in reversed(_calls(trace)):
         total = _int(dig(call, "usage", "total_tokens"))
@@ -141,13 +142,13 @@ def total_tokens_of(trace: dict[str, Any]) -> int:
     return 0
 
 
-def duration_ms_of(trace: dict[str, Any], created_at: float) -> int:
+def duration_ms_of(trace: Mapping[str, Any], created_at: float) -> int:
     end = _number(dig(trace, "timing", "scoring", "end"))
     return max(0, int((end - created_at) * 1000)) if end is not None else 0
 
 
 def trace_columns(
-    trace: dict[str, Any],
+    trace: Mapping[str, Any],
     created_at: float,
     size_bytes: int,
     meta: UploadMeta,
@@ -183,7 +184,7 @@ def trace_columns(
 
 
 def episode_columns(
-    envelope: dict[str, Any],
+    envelope: Mapping[str, Any],
     env_id: str | None,
     created_at: float,
     meta: UploadMeta,

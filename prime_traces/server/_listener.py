@@ -81,7 +81,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         # Every read of the socket waits at most this long: a client that stops
         # sending mid-request is cut off and gives back what it held (its
         # in-flight slot, its body memory); an idle keep-alive connection is closed.
-        self.timeout = self.server.state.read_timeout_s
+        # typeshed declares ``timeout`` a ClassVar, but StreamRequestHandler.setup() reads it from the instance.
+        self.timeout = self.server.state.read_timeout_s  # type: ignore[misc]
         super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the stdlib's signature)
@@ -279,6 +280,8 @@ class TracesHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128
+    #: What getsockname() gives for an AF_INET or AF_INET6 socket: the host is a str.
+    server_address: tuple[str, int] | tuple[str, int, int, int]
 
     def __init__(self, address: tuple[str, int], state: ServiceState, routes: Sequence[Route]) -> None:
         self.state = state

@@ -248,7 +248,8 @@ def _page(
     count: int,
 ) -> list[sqlite3.Row]:
     """Up to ``count`` rows after ``after``: the stepped ones, then the unstepped ones."""
-    common, common_args = ["run_id = ?"], [run_id]
+    common = ["run_id = ?"]
+    common_args: list[Any] = [run_id]
     if names is not None:
         common.append(_NAMES_CLAUSE)
         common_args.append(orjson.dumps(names).decode())

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -271,11 +271,12 @@ def parse_time_filter(value: str, name: str = "created_at") -> float:
 
 def context_filters(query: dict[str, list[str]]) -> dict[str, str]:
     """The ``context.<key>=<value>`` filters, ANDed."""
-    filters = {}
+    filters: dict[str, str] = {}
     for name in query:
         if name.startswith(CONTEXT_PREFIX):
             key = name[len(CONTEXT_PREFIX) :]
             if not key:
                 raise bad_filter("a context filter needs a key: context.<key>=<value>")
-            filters[key] = one(query, name)
+            # A name parse_qs yields has at least one value, so one() returns it.
+            filters[key] = cast(str, one(query, name))
     return filters

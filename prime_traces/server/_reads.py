@@ -215,7 +215,8 @@ def _delete_traces(conn: sqlite3.Connection, condition: str, args: Sequence[Any]
 def delete_trace(req: Request) -> Response:
     trace_id = req.params["trace_id"]
     hint = m.one(req.query, "created_at")
-    condition, args = "trace_id = ?", [trace_id]
+    condition = "trace_id = ?"
+    args: list[str | float] = [trace_id]
     if hint is not None:
         at = m.parse_time_filter(hint, "created_at")
         condition += " AND abs(created_at - ?) < ?"

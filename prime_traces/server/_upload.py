@@ -190,7 +190,7 @@ def _metadata(raw: bytes) -> tuple[int, dict[str, str]]:
     return version, context
 
 
-def _check_utf8(data: bytes) -> None:
+def _check_utf8(data: bytes | bytearray) -> None:
     """400 ``malformed_encoding`` unless ``data`` is UTF-8; checked in slices, so no big str is built."""
     if data.isascii():
         return
