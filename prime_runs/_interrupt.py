@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prime_traces.threads import call_in_forked_child
+
 # How long past the runs' spill bound the stopper waits for them before ending the process anyway.
 _STOP_MARGIN_S = 2.0
 # How long the main thread may take to handle the SIGINT sent to it (a native call may hold it off).
@@ -102,4 +104,4 @@ def _after_fork_in_child() -> None:
     _stopping = False
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+call_in_forked_child(_after_fork_in_child)

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prime_runs import _interrupt
+from prime_traces.threads import call_in_forked_child
 
 logger = logging.getLogger(__name__)
 
@@ -429,4 +430,4 @@ def _after_fork_in_child() -> None:
     _exiting = False
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+call_in_forked_child(_after_fork_in_child)

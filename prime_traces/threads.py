@@ -40,7 +40,7 @@ _pool_ids = itertools.count(1)
 DEFAULT_EXIT_TIMEOUT_S = 300.0
 
 #: The after-fork callbacks of live objects, in registration order; an entry leaves as its object dies.
-_in_forked_child: dict[int, tuple[weakref.ref[Any], Callable[[Any], Any]]] = {}
+_in_forked_child: dict[int, tuple[Callable[[], Any], Callable[[Any], Any]]] = {}
 _registration_ids = itertools.count()
 
 
@@ -48,10 +48,14 @@ def call_in_forked_child(method: Callable[[], Any]) -> None:
     """Run the bound ``method`` in every child this process forks, while its object lives.
 
     The object is held weakly (the function apart): the registration never
-    keeps it alive, and goes away with it. Callbacks run in registration
-    order; one that raises is logged and stops none of the others.
+    keeps it alive, and goes away with it. A plain function (a module's state
+    to reset) is held for good, as its module is. Callbacks run in
+    registration order; one that raises is logged and stops none of the others.
     """
     key = next(_registration_ids)
+    if not hasattr(method, "__self__"):
+        _in_forked_child[key] = (lambda: method, lambda function: function())
+        return
 
     def forget(_ref: object, key: int = key, registry: dict[int, Any] = _in_forked_child) -> None:
         # Bound as defaults: at interpreter teardown module globals may already be gone.
@@ -61,7 +65,7 @@ def call_in_forked_child(method: Callable[[], Any]) -> None:
     # the garbage collector on any thread, and a lock a parent thread held at
     # fork time would stay held in the child. Not a WeakMethod with a callback:
     # its callback fails noisily when both die together at interpreter exit.
-    owner = method.__self__  # type: ignore[attr-defined]
+    owner = method.__self__
     _in_forked_child[key] = (weakref.ref(owner, forget), method.__func__)  # type: ignore[attr-defined]
 
 

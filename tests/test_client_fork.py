@@ -101,3 +101,17 @@ def test_a_live_objects_hook_runs_in_the_child_in_registration_order_and_a_faili
 
     assert in_child(lambda: ran) == ["first", "failing", "last"]
     assert ran == []  # never in the parent
+
+
+def test_a_plain_function_runs_in_every_forked_child_and_adds_no_hook_of_its_own():
+    ran: list[str] = []
+
+    def reset_module_state() -> None:  # what a module registers for its globals
+        ran.append("reset")
+
+    before = len(threads._in_forked_child)
+    threads.call_in_forked_child(reset_module_state)
+    assert len(threads._in_forked_child) == before + 1
+    assert in_child(lambda: ran) == ["reset"]
+    assert in_child(lambda: ran) == ["reset"]  # every child, not only the first
+    assert ran == []
