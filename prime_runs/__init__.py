@@ -15,7 +15,10 @@ errors (:class:`PrimeRunsError`, the root, and :class:`SinkError`). The
 command line is :mod:`prime_runs.cli` (``prime-runs``).
 """
 
+import importlib
 import logging
+import warnings
+from typing import Any
 
 from prime_runs._init import init
 from prime_runs._lifecycle import KINDS, MODES
@@ -24,6 +27,30 @@ from prime_runs.run import Run
 from prime_traces.version import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# Names of earlier releases that are internal now, kept one more release with a DeprecationWarning.
+_DEPRECATED = {
+    "DEFAULT_MAX_QUEUED_BYTES": "prime_runs._queue",
+    "DEFAULT_MAX_QUEUED_RECORDS": "prime_runs._queue",
+    "Ledger": "prime_runs._sink",
+    "Sink": "prime_runs._sink",
+    "SinkStatus": "prime_runs._sink",
+    "UploadWorker": "prime_runs._worker",
+    "RunStateError": "prime_runs.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _DEPRECATED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"prime_runs.{name} is deprecated: it is internal and leaves the package's API in the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "__version__",

@@ -424,10 +424,11 @@ def _forget(hooks: ShutdownHooks) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _episode, _exiting
+    global _episode, _exiting, _exit_finishing
     # The parent's finisher threads do not exist in the child: it handles its own signals afresh.
     _episode = None
     _exiting = False
+    _exit_finishing = False
 
 
 call_in_forked_child(_after_fork_in_child)

@@ -24,3 +24,7 @@ class SinkError(PrimeRunsError):
         counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.failures.items()))
         text = f"{total} records not stored by the {sink} sink: {counts}"
         super().__init__(f"{text}; first: {detail}" if detail else text)
+
+
+class RunStateError(PrimeRunsError):
+    """Deprecated, and raised by nothing: kept one more release for code that names it."""

@@ -96,17 +96,6 @@ class Run(Finishing):
         #: What the run says on the terminal (``init(console=...)``).
         self.console = console if console is not None else Console(enabled=False)
         self._run_file = RunFile(rundir, self._document) if rundir is not None and owner else None
-        # The run's own callbacks go in at construction: the worker never runs without them.
-        worker = None
-        if sinks is not None:
-            worker = UploadWorker(
-                sinks,
-                on_error=self._note_error,
-                on_loss=self.console.heard,
-                tick=self._tick,
-                **dict(worker_options or {}),
-            )
-        self._worker = worker
         self._lifecycle = lifecycle
         self._owner = owner
         self._on_error = on_error
@@ -122,6 +111,17 @@ class Run(Finishing):
         self._dirty: dict[str, bool] = {"config": False, "summary": False}
         self._stop_requested = False
         self._status_answered: threading.Event | None = None
+        # The run's own callbacks go in at construction, once everything they read exists.
+        worker = None
+        if sinks is not None:
+            worker = UploadWorker(
+                sinks,
+                on_error=self._note_error,
+                on_loss=self.console.heard,
+                tick=self._tick,
+                **dict(worker_options or {}),
+            )
+        self._worker = worker
         self._hooks = ShutdownHooks(
             self._finish_from_hook,
             handle_signals=handle_signals,

@@ -22,8 +22,10 @@ rules), :mod:`~prime_traces.config` (where settings come from),
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from prime_traces._batching import Batch
 from prime_traces._models import (
     EpisodeDetail,
     EpisodeError,
@@ -72,19 +74,46 @@ if TYPE_CHECKING:
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 
+# Top-level names of earlier releases, kept for one more release with a DeprecationWarning: where each lives now.
+_MOVED = {
+    "DEFAULT_MAX_IN_FLIGHT": "prime_traces.client",
+    "DEFAULT_TARGET_BATCH_BYTES": "prime_traces.client",
+    "MAX_BATCH_BYTES": "prime_traces.client",
+    "MAX_BATCH_LINES": "prime_traces.client",
+    "MAX_LINE_BYTES": "prime_traces.encoding",
+    "GZIP_LEVEL": "prime_traces._compress",  # an internal setting: no public home
+}
+
+
 def __getattr__(name: str) -> Any:
     # The local service (SQLite, the HTTP server) loads only when asked for: a client never pays for it.
     if name == "LocalTracesService":
         from prime_traces.server import LocalTracesService
 
         return LocalTracesService
+    home = _MOVED.get(name)
+    if home is not None:
+        import importlib
+
+        where = f"use {home}.{name}" if not home.rsplit(".", 1)[-1].startswith("_") else "it is internal"
+        warnings.warn(
+            f"prime_traces.{name} is deprecated and leaves the top level in the next release; {where}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"LocalTracesService"})
 
 
 __all__ = [
     "__version__",
     # the client and what it returns
     "TracesClient",
+    "Batch",
     "LineFormat",
     "UploadReceipt",
     "UploadReport",

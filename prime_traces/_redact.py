@@ -68,7 +68,7 @@ class Redactor:
         Tracebacks and ``exc_info`` logs print the chained third-party
         exceptions too. requests wraps urllib3's exceptions both as arguments
         and as causes; non-string arguments are kept, since callers inspect
-        them (see ``_read_api._not_sent``).
+        them (see ``_transport.not_sent``).
         """
         seen: set[int] = set()
         pending: list[BaseException] = [err]

@@ -96,7 +96,8 @@ def error_from_response(resp: requests.Response, hide: Redactor | None = None) -
     if status == 404:
         return NotFoundError(*args, **kwargs)
     if status == 409 and code != ErrorCode.TRACE_NOT_INDEXED.value:
-        if code == ErrorCode.RUN_FINISHED.value or _is_run_endpoint(resp):
+        # A run endpoint's 409 without a code is run_finished (contract §6); an explicit other code is not.
+        if code == ErrorCode.RUN_FINISHED.value or (code is None and _is_run_endpoint(resp)):
             return RunFinishedError(*args, **kwargs)
         return LineFormatConflictError(*args, **kwargs)
     return APIError(*args, **kwargs)

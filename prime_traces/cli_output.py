@@ -36,6 +36,31 @@ from prime_traces._models import TraceSummary
 from prime_traces._redact import redact
 from prime_traces.errors import APIError
 
+__all__ = [
+    "EXIT_BROKEN_PIPE",
+    "EXIT_USAGE",
+    "LOG_LEVELS",
+    "Parser",
+    "UsageError",
+    "cell",
+    "configure_logging",
+    "error_document",
+    "fail",
+    "finite_float",
+    "int_in",
+    "iso8601",
+    "log_level",
+    "no_blanks",
+    "one_line",
+    "parse_command_line",
+    "print_json",
+    "run_until_closed_pipe",
+    "summary_lines",
+    "table",
+    "wants_json",
+    "when",
+]
+
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -12,6 +12,7 @@ from typing import Any
 from prime_traces._batching import (
     DEFAULT_TARGET_BATCH_BYTES,
     MAX_BATCH_BYTES,
+    MAX_BATCH_LINES,
     LineLike,
     LineParts,
     iter_file_lines,
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_TARGET_BATCH_BYTES",
     "DEFAULT_UPLOAD_ATTEMPTS",
     "MAX_BATCH_BYTES",
+    "MAX_BATCH_LINES",
     "MAX_IN_FLIGHT_LIMIT",
     "MAX_METRIC_ROWS_PER_REQUEST",
     "RUN_KINDS",

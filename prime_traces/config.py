@@ -20,6 +20,25 @@ from urllib.parse import quote
 
 from prime_traces.errors import ErrorCode, UnauthorizedError
 
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "DEFAULT_BASE_URL",
+    "DEFAULT_CONFIG_PATH",
+    "ENV_API_KEY",
+    "ENV_TEAM_ID",
+    "ENV_TRACES_URL",
+    "READ_TIMEOUT_S",
+    "USER_AGENT",
+    "ClientConfig",
+    "api_url",
+    "default_headers",
+    "encode_query",
+    "normalize_base_url",
+    "quote_path_id",
+    "require_api_key",
+    "resolve_config",
+]
+
 DEFAULT_BASE_URL = "https://api.primeintellect.ai"
 DEFAULT_CONFIG_PATH = "~/.prime/config.json"
 #: The published 0.0.10 client's agent string; the hosted service and

@@ -14,6 +14,27 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "SERVICE_REFUSAL_CODES",
+    "APIError",
+    "APITimeoutError",
+    "AmbiguousDeleteError",
+    "ErrorCode",
+    "ForbiddenError",
+    "LineFormatConflictError",
+    "LineRejection",
+    "NotFoundError",
+    "PrimeTracesError",
+    "ResponseFormatError",
+    "RetryableAPIError",
+    "RunFinishedError",
+    "TraceTooLargeError",
+    "TransportError",
+    "UnauthorizedError",
+    "UploadError",
+    "ValidationRejectedError",
+]
+
 
 class ErrorCode(str, enum.Enum):
     """The codes of the error envelope ``{"error": {"code": ..., "message": ...}}``."""

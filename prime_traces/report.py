@@ -14,6 +14,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+__all__ = [
+    "BatchOutcome",
+    "BatchStatus",
+    "LineStatus",
+    "UploadReport",
+]
+
 if TYPE_CHECKING:
     from prime_traces._models import UploadReceipt
     from prime_traces.errors import LineRejection, PrimeTracesError

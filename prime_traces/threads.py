@@ -26,7 +26,16 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as FuturesTimeoutError
 from typing import Any, Literal, TypeVar
+
+__all__ = [
+    "DEFAULT_EXIT_TIMEOUT_S",
+    "DaemonPool",
+    "call_in_forked_child",
+    "run_in_daemon",
+    "start_daemon",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +46,7 @@ _pool_ids = itertools.count(1)
 
 #: How long leaving a ``with DaemonPool(...)`` block waits for its work: slow
 #: work finishes, a hung call is reported instead of blocking the caller for ever.
-DEFAULT_EXIT_TIMEOUT_S = 300.0
+DEFAULT_EXIT_TIMEOUT_S: float | None = None
 
 #: The after-fork callbacks of live objects, in registration order; an entry leaves as its object dies.
 _in_forked_child: dict[int, tuple[Callable[[], Any], Callable[[Any], Any]]] = {}
@@ -127,7 +136,7 @@ class DaemonPool(Executor):
     Not ``ThreadPoolExecutor``: the stdlib joins its workers at interpreter
     exit, so one hung request would keep a finished job alive. These workers
     are daemon threads that nothing joins: at exit, work still running is
-    abandoned. Everything else is what code written for executors expects.
+    abandoned, and ``shutdown`` can be bounded (``timeout_s``, ``exit_timeout_s``).
 
     ``submit`` never blocks: work waits in an unbounded queue (callers bound
     what they submit, as the uploader does with its window). Threads start
@@ -139,9 +148,10 @@ class DaemonPool(Executor):
     ``chunksize`` as thread pools do.
 
     ``shutdown`` has the stdlib's semantics plus a bound (see there). Leaving
-    a ``with`` block shuts down and waits up to ``exit_timeout_s`` (None: as
-    long as it takes); past that the work goes on in its daemon threads and
-    ``TimeoutError`` is raised, unless the block is already raising. A pool
+    a ``with`` block shuts down and waits as the stdlib does, for as long as
+    the work takes; with ``exit_timeout_s``, at most that long, after which
+    the work goes on in its daemon threads and ``concurrent.futures.TimeoutError``
+    is raised, unless the block is already raising. A pool
     dropped without ``shutdown`` ends its threads too, once the work queued
     before runs: they hold it only weakly. After ``fork`` the child gets a
     fresh, empty, open pool: it never runs or waits on the parent's work. All
@@ -248,7 +258,7 @@ class DaemonPool(Executor):
         ``cancel_futures=True`` first cancels every queued future that has not
         started. ``wait=True`` then blocks until the submitted work has
         finished, or at most ``timeout_s`` (None: no bound); ``wait=False``
-        returns at once. Returns True when every worker has ended; False means
+        returns at once (``timeout_s`` is then unused). Returns True when every worker has ended; False means
         work still runs on daemon threads, abandoned at interpreter exit.
         """
         if timeout_s is not None and timeout_s < 0:
@@ -284,7 +294,9 @@ class DaemonPool(Executor):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         if not self.shutdown(wait=True, timeout_s=self.exit_timeout_s):
             if exc_type is None:
-                raise TimeoutError(f"{self._name}: work still running {self.exit_timeout_s} s after its with block")
+                raise FuturesTimeoutError(
+                    f"{self._name}: work still running {self.exit_timeout_s} s after its with block"
+                )
             # Raising here would replace the block's own exception, the more useful of the two.
             logger.warning("%s: work still running %s s after its with block", self._name, self.exit_timeout_s)
         return False

@@ -238,8 +238,8 @@ def _answer(method: str, url: str, status: int, body: Any) -> requests.Response:
     return resp
 
 
-def test_any_409_from_the_run_endpoints_is_run_finished_error() -> None:
-    # The local service always sends the code; the contract makes any 409 of a run endpoint this error.
+def test_a_409_from_the_run_endpoints_without_a_code_is_run_finished_error() -> None:
+    # The local service always sends the code; the contract makes a run endpoint's bare 409 this error.
     bare = _answer("PATCH", "https://example.test/prefix/api/v1/runs/r-1", 409, {"detail": "conflict"})
     assert type(error_from_response(bare)) is RunFinishedError
     coded = _answer(
@@ -252,6 +252,9 @@ def test_any_409_from_the_run_endpoints_is_run_finished_error() -> None:
         "GET", "https://example.test/api/v1/runs/r-1/search", 409, {"error": {"code": "trace_not_indexed"}}
     )
     assert type(error_from_response(unindexed)) is APIError
+    # A run endpoint's 409 that names another code is that conflict, not a finished run.
+    other = _answer("PATCH", "https://example.test/api/v1/runs/r-1", 409, {"error": {"code": "line_format_conflict"}})
+    assert type(error_from_response(other)) is LineFormatConflictError
 
 
 def test_response_format_error_lives_with_the_other_errors() -> None:

@@ -202,3 +202,25 @@ def test_console_off_leaves_stderr_empty(tmp_path):
         _out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
     assert proc.returncode == 0
     assert err == ""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_that_loses_a_record_says_so(tmp_path):
+    from _fork import in_child
+
+    run = prime_runs.init("forking", mode="offline", dir=str(tmp_path), console="on")
+
+    def child() -> list[str]:
+        import io
+
+        sys.stderr = io.StringIO()  # the console writes to the current stderr
+        run.log_episodes([episode("ep-child", [trace("t-set", info={"tags": {"a"}})])])
+        assert run.flush(FLUSH_TIMEOUT_S)
+        run.console.close()  # writes what is pending
+        return console_lines(sys.stderr.getvalue())
+
+    lines = [line for line in in_child(child) if "not stored, " in line]
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    # The child's own accounting hears its losses (before, only the parent's did: the child lost records silently).
+    assert len(lines) == 1, lines
+    assert "record 'ep-child'" in lines[0] and "traces[0].info.tags is a set" in lines[0]

@@ -87,7 +87,7 @@ def test_leaving_a_with_block_waits_for_the_work_submitted_in_it():
 def test_leaving_a_with_block_is_bounded_by_exit_timeout_s():
     started, gate = threading.Event(), threading.Event()
     try:
-        with pytest.raises(TimeoutError, match="still running"):
+        with pytest.raises(FuturesTimeoutError, match="still running"):
             with DaemonPool(1, name="prime-traces-with", exit_timeout_s=SHORT_S) as pool:
                 hung = pool.submit(blocked_until, started, gate)
                 assert started.wait(WITHIN_S)

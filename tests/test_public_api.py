@@ -6,7 +6,11 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import prime_runs
 import prime_traces
@@ -15,6 +19,7 @@ PRIME_TRACES_API = [
     "APIError",
     "APITimeoutError",
     "AmbiguousDeleteError",
+    "Batch",
     "BatchOutcome",
     "BatchStatus",
     "EpisodeDetail",
@@ -126,3 +131,35 @@ def test_public_modules_of_prime_traces_are_documented_and_import():
             continue
         module = importlib.import_module(f"prime_traces.{info.name}")
         assert (module.__doc__ or "").strip(), f"prime_traces.{info.name} has no docstring"
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "home"),
+    [
+        (prime_traces, "DEFAULT_TARGET_BATCH_BYTES", "prime_traces.client"),
+        (prime_traces, "MAX_LINE_BYTES", "prime_traces.encoding"),
+        (prime_traces, "GZIP_LEVEL", "prime_traces._compress"),
+        (prime_runs, "UploadWorker", "prime_runs._worker"),
+        (prime_runs, "RunStateError", "prime_runs.errors"),
+    ],
+)
+def test_names_of_earlier_releases_still_resolve_with_a_deprecation_warning(module, name, home):
+    with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{name} is deprecated"):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(home), name)
+    assert name not in module.__all__
+
+
+def test_an_unknown_name_is_still_an_attribute_error():
+    with pytest.raises(AttributeError):
+        prime_traces.NO_SUCH_NAME  # noqa: B018
+    with pytest.raises(AttributeError):
+        prime_runs.NO_SUCH_NAME  # noqa: B018
+
+
+def test_the_local_service_loads_only_when_asked_for():
+    script = (
+        "import sys, prime_traces; assert 'prime_traces.server' not in sys.modules; prime_traces.LocalTracesService"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert "LocalTracesService" in dir(prime_traces)
