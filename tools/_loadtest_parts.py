@@ -1,0 +1,164 @@
+"""The pieces of the load test: the service and producer processes, the published SDK, the machine's ceiling.
+
+``tools/loadtest.py`` puts them together into scenarios; each piece measures
+one thing and knows nothing of the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import requests
+import zstandard
+
+TOOLS = Path(__file__).resolve().parent
+PRODUCER = TOOLS / "_loadtest_producer.py"
+PUBLISHED_RUNS = "prime-runs==0.1.4"
+PUBLISHED_VENV = Path.home() / ".cache" / "prime-traces-bench" / "venv-prime-runs-0.1.4"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: How long a producer may take to exit once it reported, before it counts as hung and is killed.
+EXIT_LIMIT_S = 30.0
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
+
+
+class Service:
+    """``prime-traces serve --store none`` in its own process, on a fresh database, with fault flags."""
+
+    def __init__(self, tmp: str, *, validate: str = "light", flags: list[str] | None = None) -> None:
+        db = os.path.join(tempfile.mkdtemp(dir=tmp), "traces.db")
+        command = [sys.executable, "-m", "prime_traces.cli", "serve", "--port", "0", "--db", db, "--store", "none"]
+        command += ["--validate", validate, *(flags or [])]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            raise RuntimeError(f"the service did not start: {line!r}")
+        self.url = line.removeprefix("listening on ")
+
+    def cpu_s(self) -> float:
+        return _proc_cpu_s(self.proc.pid)
+
+    def stats(self) -> dict[str, Any]:
+        resp = requests.get(f"{self.url}/api/v1/_stats", headers={"Authorization": "Bearer loadtest"}, timeout=30)
+        resp.raise_for_status()
+        return resp.json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def published_python() -> Path:
+    """The Python of a virtualenv holding only the published prime-runs 0.1.4 (and orjson-free deps)."""
+    python = PUBLISHED_VENV / "bin" / "python"
+    marker = PUBLISHED_VENV / "installed.txt"
+    if marker.exists() and marker.read_text() == PUBLISHED_RUNS:
+        return python
+    venv.create(PUBLISHED_VENV, with_pip=True, clear=True)
+    done = subprocess.run(
+        [str(python), "-I", "-m", "pip", "install", "--quiet", PUBLISHED_RUNS], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"pip install {PUBLISHED_RUNS} failed:\n{done.stderr[-3000:]}")
+    marker.write_text(PUBLISHED_RUNS)
+    return python
+
+
+@dataclass
+class Producer:
+    """One producer process: its report, and how long it took to exit after reporting."""
+
+    report: dict[str, Any]
+    exit_s: float
+    stderr_tail: str = ""
+    killed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def start_producer(
+    sdk: str, service: Service, templates: str, sizes: str, *, key: str, run_id: str, workdir: str, args: list[str]
+) -> subprocess.Popen[str]:
+    """Start a producer (``ours``, ``published`` or ``none``) against ``service``; see ``wait_producer``."""
+    python = str(published_python()) if sdk == "published" else sys.executable
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "PYTHONPATH", "RANK"))}
+    env.update(PRIME_TRACES_URL=service.url, PRIME_API_KEY=key, PRIME_RUNS_MODE="online")
+    command = [python, str(PRODUCER), "--sdk", sdk, "--templates", templates, "--sizes", sizes, "--run-id", run_id]
+    command += ["--dir", workdir, *args]
+    stderr = tempfile.TemporaryFile(mode="w+", dir=workdir)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=workdir, env=env)
+    proc._loadtest_stderr = stderr  # type: ignore[attr-defined]
+    return proc
+
+
+def wait_producer(proc: subprocess.Popen[str], timeout_s: float) -> Producer:
+    """The producer's report; its exit is timed from the report on, and bounded by ``EXIT_LIMIT_S``."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line or line.startswith("{"):
+            break
+    reported = time.monotonic()
+    killed = False
+    try:
+        proc.wait(timeout=EXIT_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        killed = True
+    exit_s = time.monotonic() - reported
+    stderr = proc._loadtest_stderr  # type: ignore[attr-defined]
+    stderr.seek(0)
+    tail = stderr.read()[-3000:]
+    stderr.close()
+    if not line.startswith("{"):
+        raise RuntimeError(f"the producer reported nothing (exit {proc.returncode}):\n{tail}")
+    return Producer(json.loads(line), exit_s, tail, killed)
+
+
+def measure_ceiling(episodes: list[dict[str, Any]], zstd_level: int = 1) -> dict[str, float]:
+    """CPU seconds per MB of JSON, on one core, of what the client and the service must do at least.
+
+    Client: ``orjson.dumps``, the SHA-256 of the body (its idempotency key)
+    and zstd at ``zstd_level``. Service (light validation): the body's
+    SHA-256, decompression and counting its lines. Two cores share both, so
+    the machine cannot go faster than ``2 / (client + service)`` MB/s.
+    """
+    json_bytes = client_s = service_s = 0.0
+    compressor = zstandard.ZstdCompressor(level=zstd_level)
+    decompressor = zstandard.ZstdDecompressor()
+    for episode in episodes:
+        started = time.process_time()
+        line = orjson.dumps(episode)
+        body = compressor.compress(line)
+        hashlib.sha256(body).digest()
+        client_s += time.process_time() - started
+        started = time.process_time()
+        hashlib.sha256(body).digest()
+        decompressor.decompress(body).count(b"\n")
+        service_s += time.process_time() - started
+        json_bytes += len(line)
+    mb = json_bytes / 1e6
+    client, service = client_s / mb, service_s / mb
+    return {"client_s_per_mb": client, "service_s_per_mb": service, "ceiling_mb_s": 2 / (client + service)}

@@ -1,0 +1,272 @@
+"""The load test: production-sized episodes through our SDK and the published prime-runs 0.1.4, side by side.
+
+    python tools/loadtest.py [--scenarios a,b,c,d,e,f] [--episodes 1000] [--scale 0.1] [--skip-published]
+                             [--json FILE] [--markdown docs/benchmarks.md] [--smoke]
+
+Every scenario starts ``prime-traces serve --store none`` (light validation
+unless stated) in its own process and one or two producer processes
+(``tools/_loadtest_producer.py``) that log the workload (``tools/_loadgen.py``:
+the production size distribution times ``--scale``) one ``log_episodes()``
+per episode as fast as they can, then ``finish()`` with a 60 s budget.
+Delivered counts come from the service. Scenarios:
+
+- a: ``--episodes`` episodes, no network time; ours with its defaults and with
+  gzip forced, and the published SDK, each beside a 1 ms event-loop lag probe;
+- b: 100 ms and 100 MB/s per request, ours at ``max_in_flight`` 1, 4 and 8;
+- c: 500 episodes, one of them unencodable (NaN);
+- d: a service that hangs every upload: ``finish()`` must end in its budget;
+- e: two producers at once against a per-credential limit of 8 on a network
+  slow enough that one producer alone is network-bound (200 ms, 50 MB/s), with
+  two credentials and with one shared (as ranks of one job do);
+- f: ``--f-episodes`` (10,000) episodes of 2.2 MB, ours, for peak memory.
+
+The machine's ceiling is measured in the same run on the same episodes
+(``_loadtest_parts.measure_ceiling``); ratios, not absolute times, are the
+claims. ``--smoke`` runs a and c small, ours only, for the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _loadgen import Templates, production_sizes
+from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
+
+from prime_runs._workload import generate_episode
+
+FINISH_BUDGET_S = 60.0
+PRODUCER_TIMEOUT_S = 3600.0
+SLOW_NETWORK = ["--latency-ms", "200", "--bandwidth-mb-s", "50"]
+_MARK_BEGIN, _MARK_END = "<!-- loadtest:begin -->", "<!-- loadtest:end -->"
+
+
+def make_templates(path: Path) -> Templates:
+    """Member traces of about 2 MB, 400 KB, 60 KB and 10 KB from the realistic generator, and an envelope."""
+    import orjson
+
+    traces, envelope = [], None
+    for seed, target in ((1, 8_000_000), (2, 1_600_000), (3, 240_000), (4, 40_000)):
+        episode = generate_episode(seed, target_bytes=target, now=time.time())  # inside the service's window
+        member = max(episode["traces"], key=lambda t: len(orjson.dumps(t)))
+        traces.append({"size": len(orjson.dumps(member)), "trace": member})
+        envelope = envelope or {k: v for k, v in episode.items() if k != "traces"}
+    document = {"envelope": envelope, "traces": traces}
+    path.write_bytes(orjson.dumps(document))
+    return Templates(document)
+
+
+class LoadTest:
+    def __init__(self, args: argparse.Namespace, tmp: str) -> None:
+        self.args, self.tmp = args, tmp
+        self.templates_path = Path(tmp) / "templates.json"
+        self.templates = make_templates(self.templates_path)
+        self.rows: list[dict[str, Any]] = []
+        self._sizes_files: dict[str, str] = {}
+        self._workload_rss: dict[str, float] = {}
+
+    def sizes(self, name: str, sizes: list[int]) -> str:
+        path = Path(self.tmp) / f"sizes-{name}.json"
+        path.write_text(json.dumps(sizes))
+        self._sizes_files[name] = str(path)
+        return str(path)
+
+    def workload_rss_mb(self, sizes_file: str) -> float:
+        """The producer's peak RSS for the workload alone (no SDK), once per workload."""
+        if sizes_file not in self._workload_rss:
+            service = Service(self.tmp)
+            try:
+                proc = start_producer(
+                    "none", service, str(self.templates_path), sizes_file, key="none", run_id="run-none",
+                    workdir=tempfile.mkdtemp(dir=self.tmp), args=[],
+                )  # fmt: skip
+                self._workload_rss[sizes_file] = wait_producer(proc, PRODUCER_TIMEOUT_S).report["peak_rss_mb"]
+            finally:
+                service.stop()
+        return self._workload_rss[sizes_file]
+
+    def run(
+        self, scenario: str, variant: str, sizes_file: str, producers: list[tuple[str, str, list[str]]],
+        *, flags: list[str] | None = None, validate: str = "light",
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """One row per producer: ``producers`` are (sdk, key, extra args), all started at once."""
+        service = Service(self.tmp, validate=validate, flags=flags)
+        try:
+            cpu0 = service.cpu_s()
+            procs = [
+                start_producer(
+                    sdk,
+                    service,
+                    str(self.templates_path),
+                    sizes_file,
+                    key=key,
+                    run_id=f"run-{scenario}-{n}",
+                    workdir=tempfile.mkdtemp(dir=self.tmp),
+                    args=["--finish-timeout-s", str(FINISH_BUDGET_S), *extra],
+                )  # fmt: skip
+                for n, (sdk, key, extra) in enumerate(producers)
+            ]
+            done = [wait_producer(proc, PRODUCER_TIMEOUT_S) for proc in procs]
+            stats = service.stats()
+            service_cpu = service.cpu_s() - cpu0
+        finally:
+            service.stop()
+        workload_mb = self.workload_rss_mb(sizes_file)
+        # Lost: neither delivered nor kept on disk for a sync, whatever the SDK's own counters say.
+        logged = sum(p.report["episodes"] for p in done)
+        lost = logged - stats["lines"] - sum(p.report["spooled"] for p in done)
+        rows = []
+        for (sdk, key, extra), producer in zip(producers, done):
+            report = producer.report
+            row = {
+                "scenario": scenario, "variant": variant, "sdk": sdk, "key": key, "args": " ".join(extra),
+                **report, "exit_s": producer.exit_s, "exit_killed": producer.killed,
+                "mb_s": report["json_bytes"] / report["wall_s"] / 1e6,
+                "episodes_s": report["episodes"] / report["wall_s"],
+                "rss_above_workload_mb": report["peak_rss_mb"] - workload_mb,
+                # Shared by the producers of one row: the service's view.
+                "delivered_all": stats["lines"], "lost_all": lost, "wire_mb_all": stats["wire_bytes"] / 1e6,
+                "uploads_all": stats["uploads"], "service_cpu_s_all": service_cpu,
+            }  # fmt: skip
+            rows.append(row)
+            print(_line(row), file=sys.stderr, flush=True)
+        self.rows += rows
+        return rows
+
+    # -- scenarios ---------------------------------------------------------------------------------
+
+    def a(self) -> None:
+        sizes = self.sizes("a", production_sizes(self.args.episodes, scale=self.args.scale))
+        self.run("a", "defaults", sizes, [("ours", "a", ["--asyncio"])])
+        if not self.args.smoke:
+            self.run("a", "gzip", sizes, [("ours", "a", ["--asyncio", "--compression", "gzip"])])
+        if not self.args.skip_published:
+            self.run("a", "published", sizes, [("published", "a", ["--asyncio"])])
+
+    def b(self) -> None:
+        sizes = self.sizes("b", production_sizes(self.args.b_episodes, scale=self.args.scale, seed=2))
+        for window in (1, 4, 8):
+            flags = ["--latency-ms", "100", "--bandwidth-mb-s", "100"]
+            self.run(
+                "b", f"max_in_flight={window}", sizes, [("ours", "b", ["--max-in-flight", str(window)])], flags=flags
+            )
+
+    def c(self) -> None:
+        count = 30 if self.args.smoke else 500
+        sizes = self.sizes("c", production_sizes(count, scale=self.args.scale, seed=3))
+        poison = ["--poison", str(count // 2)]
+        self.run("c", "one poisoned", sizes, [("ours", "c", poison)])
+        if not self.args.skip_published:
+            self.run("c", "one poisoned", sizes, [("published", "c", poison)])
+
+    def d(self) -> None:
+        sizes = self.sizes("d", production_sizes(self.args.d_episodes, scale=self.args.scale, seed=4))
+        self.run("d", "hung service", sizes, [("ours", "d", [])], flags=["--hang-uploads"])
+        if not self.args.skip_published:
+            self.run("d", "hung service", sizes, [("published", "d", [])], flags=["--hang-uploads"])
+
+    def e(self) -> None:
+        sizes = self.sizes("e", production_sizes(self.args.e_episodes, scale=self.args.scale, seed=5))
+        self.run("e", "one producer", sizes, [("ours", "e1", [])], flags=SLOW_NETWORK)
+        self.run("e", "two credentials", sizes, [("ours", "e1", []), ("ours", "e2", [])], flags=SLOW_NETWORK)
+        self.run("e", "one shared credential", sizes, [("ours", "e1", []), ("ours", "e1", [])], flags=SLOW_NETWORK)
+
+    def f(self) -> None:
+        sizes = self.sizes("f", [2_200_000] * self.args.f_episodes)
+        self.run("f", f"{self.args.f_episodes} x 2.2 MB", sizes, [("ours", "f", [])])
+
+    def ceiling(self) -> dict[str, float]:
+        sample = production_sizes(min(self.args.episodes, 200), scale=self.args.scale)
+        return measure_ceiling([self.templates.episode(i, size) for i, size in enumerate(sample)])
+
+
+def _line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['scenario']} {row['variant']} [{row['sdk']}]: {row['delivered_all']} delivered of "
+        f"{row['submitted']}, dropped {row['dropped']}, failed {row['failed']}, spooled {row['spooled']}, "
+        f"lost {row['lost_all']}; finish {row['finish_s']:.1f} s, exit {row['exit_s']:.2f} s; "
+        f"{row['mb_s']:.1f} MB/s; log max {row['log_max_ms']:.2f} ms; peak RSS {row['peak_rss_mb']:.0f} MB"
+    )
+
+
+COLUMNS: list[tuple[str, Any]] = [
+    ("scenario", lambda r, c: r["scenario"]),
+    ("variant", lambda r, c: r["variant"]),
+    ("SDK", lambda r, c: r["sdk"]),
+    ("delivered (service)", lambda r, c: f"{r['delivered_all']} of {r['episodes']}"),
+    ("dropped", lambda r, c: r["dropped"]),
+    ("failed", lambda r, c: r["failed"]),
+    ("spooled", lambda r, c: r["spooled"]),
+    ("lost", lambda r, c: r["lost_all"]),
+    ("MB/s", lambda r, c: f"{r['mb_s']:.1f}"),
+    ("share of ceiling", lambda r, c: f"{r['mb_s'] / c['ceiling_mb_s']:.2f}"),
+    ("`log_episodes()` max / p99 ms", lambda r, c: f"{r['log_max_ms']:.2f} / {r['log_p99_ms']:.2f}"),
+    ("lag p99 / max ms", lambda r, c: f"{r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f}" if r["lag_samples"] else "—"),
+    ("finish s", lambda r, c: f"{r['finish_s']:.1f}"),
+    ("exit s", lambda r, c: f"{r['exit_s']:.2f}" + (" (killed)" if r["exit_killed"] else "")),
+    ("peak RSS MB", lambda r, c: f"{r['peak_rss_mb']:.0f}"),
+    ("above workload MB", lambda r, c: f"{r['rss_above_workload_mb']:.0f}"),
+    ("client CPU s", lambda r, c: f"{r['cpu_s']:.1f}"),
+    ("service CPU s", lambda r, c: f"{r['service_cpu_s_all']:.1f}"),
+]
+
+
+def markdown(rows: list[dict[str, Any]], ceiling: dict[str, float], command: str, scale: float) -> str:
+    head = (
+        f"{_MARK_BEGIN}\n## Load test (`tools/loadtest.py`)\n\n"
+        f"`{command}`, {datetime.date.today()}, {platform.machine()}, Python {platform.python_version()}; "
+        f"episode sizes: the production distribution times {scale}. Ceiling of this machine in the same run: "
+        f"{ceiling['ceiling_mb_s']:.0f} MB/s (client {ceiling['client_s_per_mb'] * 1e3:.2f} ms/MB for orjson, "
+        f"SHA-256 and zstd-1; service {ceiling['service_s_per_mb'] * 1e3:.2f} ms/MB; two cores).\n\n"
+    )
+    table = "| " + " | ".join(name for name, _ in COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
+    table += "".join("| " + " | ".join(str(cell(r, ceiling)) for _, cell in COLUMNS) + " |\n" for r in rows)
+    return head + table + _MARK_END + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default="a,b,c,d,e,f")
+    parser.add_argument("--episodes", type=int, default=1000)
+    parser.add_argument("--scale", type=float, default=0.1)
+    parser.add_argument("--b-episodes", type=int, default=200)
+    parser.add_argument("--d-episodes", type=int, default=100)
+    parser.add_argument("--e-episodes", type=int, default=200)
+    parser.add_argument("--f-episodes", type=int, default=10_000)
+    parser.add_argument("--skip-published", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a and c, small, ours only (the test suite's run)")
+    parser.add_argument("--json", default=None, help="write every row and the ceiling here")
+    parser.add_argument("--markdown", default=None, help="replace the load-test section of this file")
+    args = parser.parse_args()
+    if args.smoke:
+        args.scenarios, args.episodes, args.scale, args.skip_published = "a,c", 20, 0.01, True
+    with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
+        test = LoadTest(args, tmp)
+        ceiling = test.ceiling()
+        for name in args.scenarios.split(","):
+            getattr(test, name.strip())()
+    command = "python tools/loadtest.py " + " ".join(sys.argv[1:])
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ceiling": ceiling, "rows": test.rows}, indent=1))
+    table = markdown(test.rows, ceiling, command, args.scale)
+    print(table)
+    if args.markdown:
+        path = Path(args.markdown)
+        text = path.read_text() if path.exists() else ""
+        if _MARK_BEGIN in text:
+            before, rest = text.split(_MARK_BEGIN, 1)
+            text = before + table + rest.split(_MARK_END, 1)[1].lstrip("\n")
+        else:
+            text = text.rstrip("\n") + "\n\n" + table
+        path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
