@@ -39,6 +39,7 @@ from typing import Any
 
 from _loadgen import Templates, production_sizes
 from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
+from _loadtest_targets import verdicts
 
 from prime_runs._workload import generate_episode
 
@@ -228,7 +229,7 @@ def markdown(rows: list[dict[str, Any]], ceiling: dict[str, float], command: str
     )
     table = "| " + " | ".join(name for name, _ in COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
     table += "".join("| " + " | ".join(str(cell(r, ceiling)) for _, cell in COLUMNS) + " |\n" for r in rows)
-    return head + table + _MARK_END + "\n"
+    return head + verdicts(rows, ceiling) + "\n" + table + _MARK_END + "\n"
 
 
 def main() -> None:

@@ -1,0 +1,145 @@
+"""The load test's targets, checked against the rows of one run: each a measured figure and a verdict.
+
+A target whose scenario did not run is left out. Ratios only compare rows of
+the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Rows = list[dict[str, Any]]
+
+
+def _pick(rows: Rows, scenario: str, sdk: str = "ours", variant: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in rows if r["scenario"] == scenario and r["sdk"] == sdk and variant in (None, r["variant"])]
+
+
+def _all_delivered(rows: Rows) -> tuple[str, bool] | None:
+    checked = _pick(rows, "a", variant="defaults") + _pick(rows, "b", variant="max_in_flight=8")
+    if not checked:
+        return None
+    text = "; ".join(
+        f"{r['scenario']} {r['variant']}: {r['delivered_all']} of {r['episodes']}, "
+        f"dropped {r['dropped']}, failed {r['failed']}"
+        for r in checked
+    )
+    ok = all(r["delivered_all"] == r["episodes"] and r["dropped"] == r["failed"] == 0 for r in checked)
+    return text, ok
+
+
+def _log_max(rows: Rows) -> tuple[str, bool] | None:
+    ours = [r for r in rows if r["sdk"] == "ours"]
+    if not ours:
+        return None
+    worst = max(ours, key=lambda r: r["log_max_ms"])
+    return f"{worst['log_max_ms']:.2f} ms at worst ({worst['scenario']} {worst['variant']})", worst["log_max_ms"] <= 1.0
+
+
+def _lag(rows: Rows) -> tuple[str, bool] | None:
+    probed = [r for r in rows if r["sdk"] == "ours" and r["lag_samples"]]
+    if not probed:
+        return None
+    p99, worst = max(r["lag_p99_ms"] for r in probed), max(r["lag_max_ms"] for r in probed)
+    return f"p99 {p99:.1f} ms, max {worst:.1f} ms", p99 <= 5.0 and worst <= 15.0
+
+
+def _share_and_published(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bool] | None:
+    ours, gzip, published = (_pick(rows, "a", variant="defaults"), _pick(rows, "a", variant="gzip"),
+                             _pick(rows, "a", "published"))  # fmt: skip
+    if not ours:
+        return None
+    share = ours[0]["mb_s"] / ceiling["ceiling_mb_s"]
+    text, ok = f"{share:.2f} of the ceiling", share >= 0.85
+    if published:
+        ratio = ours[0]["mb_s"] / published[0]["mb_s"]
+        text += f"; {ratio:.1f}x the published SDK"
+        ok = ok and ratio >= 15
+        if gzip:
+            gzip_ratio = gzip[0]["mb_s"] / published[0]["mb_s"]
+            text += f" ({gzip_ratio:.1f}x with gzip)"
+            ok = ok and gzip_ratio >= 8
+    return text, ok
+
+
+def _window_speedup(rows: Rows) -> tuple[str, bool] | None:
+    one, eight = _pick(rows, "b", variant="max_in_flight=1"), _pick(rows, "b", variant="max_in_flight=8")
+    if not (one and eight):
+        return None
+    r1 = one[0]
+    # Per batch at 1 in flight: CPU c (client and service) then network n, one after the other; two cores
+    # run at most two batches' CPU at once, so no window can beat (c + n) / (c / 2) = 2 + 2n/c.
+    batches = max(1, r1["uploads_all"])
+    cpu = (r1["cpu_s"] + r1["service_cpu_s_all"]) / batches
+    network = 0.1 + (r1["wire_mb_all"] / batches) / 100
+    bound = 2 + 2 * network / cpu
+    ratio = eight[0]["mb_s"] / r1["mb_s"]
+    return f"{ratio:.2f}x over 1 in flight; bound {bound:.2f}x; {ratio / bound:.2f} of it", ratio >= 0.9 * bound
+
+
+def _poisoned(rows: Rows) -> tuple[str, bool] | None:
+    ours = _pick(rows, "c")
+    if not ours:
+        return None
+    r = ours[0]
+    named = sum(1 for detail in r.get("failure_details", {}).values() if "NaN" in detail)
+    return f"lost {r['lost_all']}, failed {r['failed']}, named {named}", r["lost_all"] == r["failed"] == named == 1
+
+
+def _hung(rows: Rows) -> tuple[str, bool] | None:
+    ours = _pick(rows, "d")
+    if not ours:
+        return None
+    r = ours[0]
+    ok = r["finish_s"] <= 60 + 1 and r["lost_all"] == 0 and r["spooled"] == r["episodes"] and r["exit_s"] <= 1.0
+    return f"finish {r['finish_s']:.1f} s, spooled {r['spooled']} of {r['episodes']}, exit {r['exit_s']:.2f} s", ok
+
+
+def _two_producers(rows: Rows) -> tuple[str, bool] | None:
+    alone, two, shared = (_pick(rows, "e", variant=v) for v in ("one producer", "two credentials",
+                                                                "one shared credential"))  # fmt: skip
+    if not (alone and two and shared):
+        return None
+    rate = alone[0]["mb_s"]
+    two_rate, shared_rate = sum(r["mb_s"] for r in two), sum(r["mb_s"] for r in shared)
+    complete = all(r["delivered_all"] == sum(x["episodes"] for x in group) for group in (two, shared) for r in group)
+    ok = complete and two_rate >= 1.8 * rate and shared_rate >= 0.9 * rate
+    return f"two credentials {two_rate / rate:.2f}x one producer, one shared {shared_rate / rate:.2f}x", ok
+
+
+def _memory(rows: Rows) -> tuple[str, bool] | None:
+    a, f = _pick(rows, "a", variant="defaults"), _pick(rows, "f")
+    if not (a or f):
+        return None
+    parts, ok = [], True
+    if a:
+        parts.append(f"a: {a[0]['rss_above_workload_mb']:.0f} MB above the workload")
+        ok = ok and a[0]["rss_above_workload_mb"] <= 250
+    if f:
+        parts.append(f"f: peak {f[0]['peak_rss_mb']:.0f} MB")
+        ok = ok and f[0]["peak_rss_mb"] <= 600
+    return "; ".join(parts), ok
+
+
+TARGETS: list[tuple[str, Callable[..., tuple[str, bool] | None]]] = [
+    ("(a), (b at 8): every episode delivered, 0 dropped, 0 failed", _all_delivered),
+    ("`log_episodes()` max ≤ 1 ms in every scenario", _log_max),
+    ("event-loop lag while uploading: p99 ≤ 5 ms, max ≤ 15 ms", _lag),
+    ("(a): ≥ 0.85 of the ceiling; ≥ 15x the published SDK (≥ 8x with gzip)", _share_and_published),
+    ("(b): 8 in flight over 1 ≥ 0.9 × the two-core bound 2 + 2n/c", _window_speedup),
+    ("(c): exactly one record lost, reported exactly", _poisoned),
+    ("(d): finish() within its budget, 0 lost (spooled), exit at once", _hung),
+    ("(e): both delivered; two credentials ≥ 1.8x one producer, one shared ≥ 0.9x", _two_producers),
+    ("(a): RSS above the workload ≤ 250 MB; (f): peak RSS ≤ 600 MB", _memory),
+]
+
+
+def verdicts(rows: Rows, ceiling: dict[str, float]) -> str:
+    """The targets as a markdown table: target, measured, PASS or FAIL."""
+    lines = ["| target | measured | verdict |", "|---|---|---|"]
+    for name, check in TARGETS:
+        result = check(rows, ceiling) if check is _share_and_published else check(rows)
+        if result is not None:
+            lines.append(f"| {name} | {result[0]} | {'PASS' if result[1] else 'FAIL'} |")
+    return "\n".join(lines) + "\n"
