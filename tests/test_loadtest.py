@@ -16,8 +16,11 @@ def test_the_smoke_scenarios_deliver_every_good_episode_and_account_for_the_pois
     out = tmp_path / "loadtest.json"
     subprocess.run(
         [sys.executable, str(REPO / "tools" / "loadtest.py"), "--smoke", "--json", str(out)],
-        check=True, timeout=280, capture_output=True, text=True,
-    )  # fmt: skip
+        check=True,
+        timeout=280,
+        capture_output=True,
+        text=True,
+    )
     rows = {row["scenario"]: row for row in json.loads(out.read_text())["rows"]}
     assert sorted(rows) == ["a", "c"]
     for scenario, failed in (("a", 0), ("c", 1)):

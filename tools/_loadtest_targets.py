@@ -46,8 +46,11 @@ def _lag(rows: Rows) -> tuple[str, bool] | None:
 
 
 def _share_and_published(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bool] | None:
-    ours, gzip, published = (_pick(rows, "a", variant="defaults"), _pick(rows, "a", variant="gzip"),
-                             _pick(rows, "a", "published"))  # fmt: skip
+    ours, gzip, published = (
+        _pick(rows, "a", variant="defaults"),
+        _pick(rows, "a", variant="gzip"),
+        _pick(rows, "a", "published"),
+    )
     if not ours:
         return None
     share = ours[0]["mb_s"] / ceiling["ceiling_mb_s"]
@@ -97,13 +100,14 @@ def _hung(rows: Rows) -> tuple[str, bool] | None:
 
 
 def _two_producers(rows: Rows) -> tuple[str, bool] | None:
-    alone, two, shared = (_pick(rows, "e", variant=v) for v in ("one producer", "two credentials",
-                                                                "one shared credential"))  # fmt: skip
+    alone, two, shared = (
+        _pick(rows, "e", variant=v) for v in ("one producer", "two credentials", "one shared credential")
+    )
     if not (alone and two and shared):
         return None
     rate = alone[0]["mb_s"]
     two_rate, shared_rate = sum(r["mb_s"] for r in two), sum(r["mb_s"] for r in shared)
-    complete = all(r["delivered_all"] == sum(x["episodes"] for x in group) for group in (two, shared) for r in group)
+    complete = all(r["delivered_all"] == r["episodes_all"] for r in two + shared)
     ok = complete and two_rate >= 1.8 * rate and shared_rate >= 0.9 * rate
     return f"two credentials {two_rate / rate:.2f}x one producer, one shared {shared_rate / rate:.2f}x", ok
 
