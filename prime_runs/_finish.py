@@ -109,7 +109,12 @@ class Finishing:
             metrics.finish_by(deadline - reserve)  # its rows go out beside the records' drain
         if self._worker is not None:
             worker = self._worker
-            progress = FinishProgress(self.console, worker.stats, lambda: worker.meter.mean_bytes)
+            progress = FinishProgress(
+                self.console,
+                worker.stats,
+                lambda: worker.meter.mean_bytes,
+                action="write" if self.mode == "offline" else "upload",
+            )
             progress.start()
             try:
                 flushed = worker.close(max(0.0, deadline - reserve - time.monotonic()))

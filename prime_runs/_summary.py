@@ -170,9 +170,11 @@ class FinishProgress:
         stats: Callable[[], dict[str, Any]],
         mean_bytes: Callable[[], float],
         *,
+        action: str = "upload",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.console = console
+        self.action = action  # what is left to do with the records: "upload", or "write" offline
         self.stats = stats
         self.mean_bytes = mean_bytes
         self.clock = clock
@@ -197,7 +199,7 @@ class FinishProgress:
         size_left = int(stats.get("queued_bytes", 0)) + int(stats.get("in_flight_records", 0) * self.mean_bytes())
         elapsed = max(1e-9, self.clock() - self._started)
         rate = (stored_bytes(stats) - self._base) / elapsed
-        text = f"finishing: {left} records (~{human_bytes(size_left)}) left to upload, {human_bytes(rate)}/s"
+        text = f"finishing: {left} records (~{human_bytes(size_left)}) left to {self.action}, {human_bytes(rate)}/s"
         if rate > 0 and size_left:
             text += f", ~{human_duration(size_left / rate)} left"
         return text

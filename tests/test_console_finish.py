@@ -117,3 +117,20 @@ def test_a_pipe_gets_plain_progress_lines(tmp_path):
     assert "\r" not in err and "\x1b" not in err
     progress = [line for line in err.splitlines() if line.startswith(PREFIX + "finishing: ")]
     assert len(progress) == 1, err  # one after a second; the next would come 10 s later
+
+
+def test_the_progress_line_says_what_is_left_to_do_online_and_offline():
+    from prime_runs._console import Console
+    from prime_runs._summary import FinishProgress
+
+    now = [100.0]
+    stats = {"queued_records": 3, "queued_bytes": 3_000_000, "in_flight_records": 1, "sinks": {"s": {"bytes_sent": 0}}}
+    lines = {}
+    for action in ("upload", "write"):
+        progress = FinishProgress(
+            Console(enabled=False), lambda: stats, lambda: 1e6, action=action, clock=lambda: now[0]
+        )
+        progress._started, progress._base = now[0], 0
+        lines[action] = progress.line()
+    assert lines["upload"] is not None and lines["upload"].startswith("finishing: 4 records (~4.0 MB) left to upload, ")
+    assert lines["write"] is not None and lines["write"].startswith("finishing: 4 records (~4.0 MB) left to write, ")
