@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from prime_runs import _interrupt
 from prime_runs._console import Console
-from prime_runs._lifecycle import RunLifecycle, describe
+from prime_runs._lifecycle import describe
 from prime_runs._metric_values import History
 from prime_runs._metrics_lane import MetricsLane
 from prime_runs._run_file import RunFile
@@ -27,6 +27,7 @@ from prime_runs._shutdown import ShutdownHooks
 from prime_runs._sparkline import metric_line
 from prime_runs._summary import FinishProgress, record_counts, summary_lines
 from prime_runs._worker import UploadWorker
+from prime_traces.client import TracesClient
 from prime_traces.errors import RunFinishedError
 from prime_traces.threads import run_in_daemon
 
@@ -60,7 +61,7 @@ class Finishing:
     finish_timeout_s: float
     _worker: UploadWorker | None
     _metrics: MetricsLane | None
-    _lifecycle: RunLifecycle | None
+    _lifecycle: TracesClient | None
     _run_file: RunFile | None
     _hooks: ShutdownHooks
     _owner: bool
@@ -238,7 +239,7 @@ class Finishing:
                             self.id,
                             status,
                         )
-                    lifecycle.update(
+                    lifecycle.update_run(
                         self.id,
                         config=config,
                         summary=summary,

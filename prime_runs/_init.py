@@ -14,7 +14,6 @@ from prime_runs._encoding import RunStamp
 from prime_runs._lifecycle import (
     KINDS,
     RankInfo,
-    RunLifecycle,
     describe,
     export_run_id,
     new_run_id,
@@ -267,7 +266,7 @@ def _online(
         url=url,
         sinks=sinks,
         worker_options=worker_options,
-        lifecycle=RunLifecycle(client),
+        lifecycle=client,
         owner=ranks.owner,
         rundir=rundir,
         service_url=settings.base_url,

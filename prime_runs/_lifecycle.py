@@ -14,10 +14,9 @@ import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from prime_runs.errors import PrimeRunsError
-from prime_traces.client import RUN_KINDS, TracesClient
+from prime_traces.client import RUN_KINDS
 from prime_traces.errors import APIError, PrimeTracesError
 
 logger = logging.getLogger(__name__)
@@ -108,33 +107,6 @@ def resolve_mode(mode: str | None, *, online_configured: bool, environ: Mapping[
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
-
-
-class RunLifecycle:
-    """What a :class:`~prime_runs.Run` records on the service: config, summary and terminal status.
-
-    Each update is the client's :meth:`~prime_traces.TracesClient.update_run`:
-    it blocks for at most ``timeout_s`` and raises the client's errors
-    (:class:`~prime_traces.RunFinishedError` when another status was recorded first).
-    """
-
-    def __init__(self, client: TracesClient) -> None:
-        self.client = client
-
-    def update(
-        self,
-        run_id: str,
-        *,
-        config: Mapping[str, Any] | None = None,
-        summary: Mapping[str, Any] | None = None,
-        status: str | None = None,
-        error: str | None = None,
-        timeout_s: float | None = None,
-    ) -> dict[str, Any]:
-        """Merge ``config`` / ``summary``; with ``status``, finish the run."""
-        return self.client.update_run(
-            run_id, config=config, summary=summary, status=status, error=error, timeout_s=timeout_s
-        )
 
 
 def describe(err: BaseException) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from prime_runs import _interrupt
 from prime_runs._console import Console
 from prime_runs._finish import Finishing, live_runs
-from prime_runs._lifecycle import ENV_RUN_ID, RunLifecycle, describe
+from prime_runs._lifecycle import ENV_RUN_ID, describe
 from prime_runs._metric_values import History, flatten, to_wire
 from prime_runs._metric_values import row as metric_row
 from prime_runs._metrics_lane import MetricsLane
@@ -24,6 +24,7 @@ from prime_runs._shutdown import ShutdownHooks
 from prime_runs._sink import Sink
 from prime_runs._worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
+from prime_traces.client import TracesClient
 from prime_traces.threads import call_in_forked_child, run_in_daemon
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class Run(Finishing):
         url: str | None,
         config: dict[str, Any],
         sinks: Sequence[Sink] | None,
-        lifecycle: RunLifecycle | None,
+        lifecycle: TracesClient | None,
         owner: bool,
         on_error: str,
         finish_timeout_s: float,
@@ -250,7 +251,7 @@ class Run(Finishing):
             if config is None and summary is None:
                 return
             try:
-                self._lifecycle.update(self.id, config=config, summary=summary, timeout_s=timeout_s)
+                self._lifecycle.update_run(self.id, config=config, summary=summary, timeout_s=timeout_s)
             except Exception as err:  # noqa: BLE001  (metrics must never break training)
                 # Plain flag writes, no lock: this may run from a signal's finisher.
                 self._dirty["config"] |= config is not None

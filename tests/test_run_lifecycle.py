@@ -80,7 +80,7 @@ class _TricklingServer:
 
 def test_a_stalled_update_does_not_keep_the_status_from_being_recorded(service):
     run = online(service)
-    real_update = run._lifecycle.update
+    real_update = run._lifecycle.update_run
     stalled, release = threading.Event(), threading.Event()
 
     def update(run_id, **fields):
@@ -90,7 +90,7 @@ def test_a_stalled_update_does_not_keep_the_status_from_being_recorded(service):
             raise TimeoutError("no answer")
         return real_update(run_id, **fields)
 
-    run._lifecycle.update = update
+    run._lifecycle.update_run = update
     run.log({"loss": 0.5})
     ticker = threading.Thread(target=run.send_updates)
     ticker.start()
@@ -111,7 +111,7 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     run = online(service)
     assert run.log_episodes(episodes("e", 2)) and run.flush(FLUSH_TIMEOUT_S)
     trickle = _TricklingServer()
-    run._lifecycle.client = TracesClient(KEY, trickle.url)  # only the status request goes there
+    run._lifecycle = TracesClient(KEY, trickle.url)  # only the status request goes there
     try:
         started = time.monotonic()
         run.finish(timeout_s=2.0)
@@ -120,7 +120,7 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     finally:
         trickle.stop.set()
         trickle.thread.join(GATE_TIMEOUT_S)
-        run._lifecycle.client.close()
+        run._lifecycle.close()
     # The status request is given the time left, for its whole answer: it gives up at the deadline
     # (a read timeout alone would wait for the whole 10 s trickle).
     assert 2.0 <= elapsed < 2.0 + FINISH_MARGIN_S, elapsed
