@@ -112,14 +112,19 @@ class NoSdk:
 SDKS: dict[str, Callable[[argparse.Namespace], Any]] = {"ours": Ours, "published": Published, "none": NoSdk}
 
 
+def log_one(sdk: Any, templates: Templates, index: int, size: int, poison: int | None, call_s: list[float]) -> None:
+    """Build episode ``index`` (unencodable when it is ``poison``) and log it, timing the call alone."""
+    episode = templates.episode(index, size)
+    if index == poison:
+        episode = poisoned(episode)
+    started = time.perf_counter()
+    sdk.log(episode)
+    call_s.append(time.perf_counter() - started)
+
+
 def produce(sdk: Any, templates: Templates, sizes: list[int], poison: int | None, call_s: list[float]) -> None:
     for index, size in enumerate(sizes):
-        episode = templates.episode(index, size)
-        if index == poison:
-            episode = poisoned(episode)
-        started = time.perf_counter()
-        sdk.log(episode)
-        call_s.append(time.perf_counter() - started)
+        log_one(sdk, templates, index, size, poison, call_s)
 
 
 async def produce_beside_a_probe(
@@ -140,12 +145,7 @@ async def produce_beside_a_probe(
 
     async def producer() -> None:
         for index, size in enumerate(sizes):
-            episode = templates.episode(index, size)
-            if index == poison:
-                episode = poisoned(episode)
-            started = time.perf_counter()
-            sdk.log(episode)
-            call_s.append(time.perf_counter() - started)
+            log_one(sdk, templates, index, size, poison, call_s)
             await asyncio.sleep(0)  # the training loop's other work: the probe gets its turn
         nonlocal logged_at
         logged_at = time.monotonic()

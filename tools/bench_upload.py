@@ -42,14 +42,13 @@ import venv
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 import prime_traces._compress as compress_module
 import prime_traces._uploader as uploader_module
 from prime_traces import TracesClient
 from prime_traces._batching import iter_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _loadtest_parts import Service
 from workload import encoded_lines, iter_episodes
 
 PUBLISHED_VERSION = "0.0.10"
@@ -100,58 +99,9 @@ class Result:
         return self.stats["wire_bytes"] / 1e6
 
 
-class Service:
-    """``prime-traces serve`` in its own process, on a fresh database."""
-
-    def __init__(self, tmp: str, latency_ms: float, bandwidth_mb_s: float) -> None:
-        # A new database every time: the idempotency records survive --store none.
-        db = tempfile.mkstemp(suffix=".db", dir=tmp)[1]
-        os.unlink(db)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prime_traces.cli",
-                "serve",
-                "--port",
-                "0",
-                "--db",
-                db,
-                "--store",
-                "none",
-                "--validate",
-                "light",
-                "--latency-ms",
-                str(latency_ms),
-                "--bandwidth-mb-s",
-                str(bandwidth_mb_s),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("listening on "):
-            self.proc.kill()
-            raise RuntimeError(f"service did not start: {line!r}")
-        self.url = line.removeprefix("listening on ")
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
-
-    def stats(self) -> dict:
-        resp = requests.get(f"{self.url}/api/v1/_stats", headers={"Authorization": "Bearer bench"}, timeout=30)
-        resp.raise_for_status()
-        return resp.json()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def start_service(tmp: str, latency_ms: float, bandwidth_mb_s: float) -> Service:
+    """``prime-traces serve --store none --validate light`` in its own process, on a fresh database."""
+    return Service(tmp, flags=["--latency-ms", str(latency_ms), "--bandwidth-mb-s", str(bandwidth_mb_s)])
 
 
 def _body_id(body: bytes) -> tuple[int, bytes, bytes]:
@@ -182,7 +132,7 @@ def run_ours(
     if precompressed:
         ready = {_body_id(b.body): compress_module.compress(b.body, compression) for b in iter_batches(lines)}
         uploader_module.compress = lambda body, coding, **_: ready[_body_id(body)]
-    service = Service(tmp, args.latency_ms if latency_ms is None else latency_ms, args.bandwidth_mb_s)
+    service = start_service(tmp, args.latency_ms if latency_ms is None else latency_ms, args.bandwidth_mb_s)
     try:
         # compress() reads GZIP_LEVEL from its module's globals at call time.
         if gzip_level is not None:
@@ -254,7 +204,7 @@ def run_published(args: argparse.Namespace, tmp: str, lines: list[bytes]) -> Res
     driver = os.path.join(tmp, "published_driver.py")
     Path(driver).write_text(PUBLISHED_DRIVER)
     label = f"published {PUBLISHED_VERSION} (1 in flight, gzip-9)"
-    service = Service(tmp, args.latency_ms, args.bandwidth_mb_s)
+    service = start_service(tmp, args.latency_ms, args.bandwidth_mb_s)
     try:
         service_cpu0, busy0 = service.cpu_s(), machine_busy_s()
         with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:

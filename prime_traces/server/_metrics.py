@@ -53,7 +53,7 @@ import orjson
 from prime_traces.errors import ErrorCode
 from prime_traces.server import _models as m
 from prime_traces.server._http import HTTPError, Request, Response, json_response, route
-from prime_traces.server._pages import decode_cursor, encode_cursor
+from prime_traces.server._pages import decode_cursor, encode_cursor, page_limit
 
 logger = logging.getLogger(__name__)
 
@@ -216,15 +216,6 @@ def _step_filter(query: dict[str, list[str]], name: str) -> int | None:
     return step
 
 
-def _limit(query: dict[str, list[str]]) -> int:
-    limit = m.as_int(query, "limit")
-    if limit is None:
-        return DEFAULT_ROWS_PER_PAGE
-    if not 1 <= limit <= MAX_ROWS_PER_PAGE:
-        raise m.bad_filter(f"limit must be between 1 and {MAX_ROWS_PER_PAGE:,}, not {limit}")
-    return limit
-
-
 def _cursor(token: str, scope: str, filters: dict[str, Any]) -> list[Any]:
     key = decode_cursor(token, scope, filters, _CURSOR_TYPES)
     if key[0] not in (_STEPPED, _UNSTEPPED) or not INT64_MIN <= key[1] <= INT64_MAX:
@@ -284,7 +275,7 @@ def get_metrics(req: Request) -> Response:
     min_step, max_step = _step_filter(query, "min_step"), _step_filter(query, "max_step")
     if min_step is not None and max_step is not None and min_step > max_step:
         raise m.bad_filter(f"min_step ({min_step}) is above max_step ({max_step})")
-    limit = _limit(query)
+    limit = page_limit(query, DEFAULT_ROWS_PER_PAGE, MAX_ROWS_PER_PAGE)
     scope = f"metrics:{run_id}"
     filters = {"names": names, "min_step": min_step, "max_step": max_step}
     token = m.one(query, "cursor")

@@ -28,13 +28,13 @@ MAX_PAGE_LIMIT = 100
 _CURSOR_VERSION = 1
 
 
-def page_limit(query: dict[str, list[str]]) -> int:
-    """``limit``: default 20; anything but an integer in 1..100 is refused, not clamped."""
+def page_limit(query: dict[str, list[str]], default: int = DEFAULT_PAGE_LIMIT, maximum: int = MAX_PAGE_LIMIT) -> int:
+    """``limit``: ``default`` when absent; anything but an integer in 1..``maximum`` is refused, not clamped."""
     limit = m.as_int(query, "limit")
     if limit is None:
-        return DEFAULT_PAGE_LIMIT
-    if not 1 <= limit <= MAX_PAGE_LIMIT:
-        raise m.bad_filter(f"limit must be between 1 and {MAX_PAGE_LIMIT}, not {limit}")
+        return default
+    if not 1 <= limit <= maximum:
+        raise m.bad_filter(f"limit must be between 1 and {maximum:,}, not {limit}")
     return limit
 
 
