@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from prime_runs import _switch_interval as switch_interval
 from prime_runs._accounting import Accounting, LossListener
 from prime_runs._delivery import DEADLINE, Delivery, Group, spool_of
 from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, RecordQueue, Write
@@ -40,7 +41,9 @@ class UploadWorker:
     to the sinks through :class:`~prime_runs._delivery.Delivery` (retirement,
     spooling, setting aside). ``on_error`` hears of records that failed,
     ``on_loss`` of every record lost (see ``Accounting``), and ``tick`` runs
-    every ``tick_interval_s`` on the worker thread.
+    every ``tick_interval_s`` on the worker thread. While the thread runs,
+    the interpreter's switch interval is at most ``switch_interval_s``
+    (``None``: left alone; see :mod:`prime_runs._switch_interval`).
     ``flush`` and ``close`` wait up to their timeout; ``close`` then cancels
     the sinks, spools everything left within ``spill_timeout_s`` more, and
     accounts for the rest, so ``submitted = stored + dropped + failed +
@@ -67,6 +70,7 @@ class UploadWorker:
         tick: Callable[[], Any] | None = None,
         tick_interval_s: float = 10.0,
         spill_timeout_s: float = DEFAULT_SPILL_TIMEOUT_S,
+        switch_interval_s: float | None = None,
         name: str = "prime-runs-upload",
     ) -> None:
         self.sinks = list(sinks)
@@ -77,7 +81,10 @@ class UploadWorker:
             raise ValueError(f"write_cap_bytes must be greater than 0, not {write_cap_bytes}")
         if spill_timeout_s < 0:
             raise ValueError(f"spill_timeout_s must be at least 0, not {spill_timeout_s}")
+        if switch_interval_s is not None and not switch_interval_s > 0:
+            raise ValueError(f"switch_interval_s must be greater than 0 or None, not {switch_interval_s}")
         self.spill_timeout_s = spill_timeout_s
+        self.switch_interval_s = switch_interval_s
         self.meter = size_meter or SizeMeter()
         self._limits = (max_queued_records, max_queued_bytes)
         self.write_cap_bytes = write_cap_bytes
@@ -96,6 +103,7 @@ class UploadWorker:
         self._queue = RecordQueue(*self._limits, self.meter)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._release_switch_interval: Callable[[], None] = switch_interval.hold(None)
         self._inflight: dict[int, list[Ledger]] = {}
         self.delivery = Delivery(self.sinks, self._on_error)
         for sink in self.sinks:
@@ -148,6 +156,8 @@ class UploadWorker:
         with self._lock:
             if self._thread is not None or self._queue.closed:
                 return
+            # Held from here, not from the thread's start: close() may come first.
+            self._release_switch_interval = switch_interval.hold(self.switch_interval_s)
             # None while the interpreter exits: close() accounts for the queue.
             self._thread = start_daemon(self._run, self.name)
 
@@ -199,6 +209,7 @@ class UploadWorker:
                     ledger.close(SPILL_TIMEOUT if spool_of(sink) else DEADLINE, keep_reasons=False)
             self._inflight.clear()
         self._queue.mark_all_done()
+        self._release_switch_interval()
         self._report_drops()
         for sink in self.sinks:
             try:
@@ -286,6 +297,12 @@ class UploadWorker:
         return [Ledger(self.accounting, s.name, records, origins) for s in self.sinks]
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._release_switch_interval()
+
+    def _loop(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
         while True:
             timeout = max(0.0, next_tick - time.monotonic()) if self._tick is not None else None

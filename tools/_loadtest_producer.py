@@ -38,6 +38,10 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _sys_s() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
@@ -184,7 +188,7 @@ def main() -> None:
     sdk = SDKS[args.sdk](args)
     call_s: list[float] = []
     lags: list[float] = []
-    cpu0, started = _cpu_s(), time.monotonic()
+    cpu0, sys0, started = _cpu_s(), _sys_s(), time.monotonic()
     if args.asyncio:
         lags, counts, logged_at = asyncio.run(
             produce_beside_a_probe(sdk, templates, sizes, args.poison, call_s, args.finish_timeout_s)
@@ -207,6 +211,7 @@ def main() -> None:
         "finish_s": finished_at - logged_at,
         "wall_s": finished_at - started,
         "cpu_s": _cpu_s() - cpu0,
+        "sys_cpu_s": _sys_s() - sys0,
         "peak_rss_mb": _peak_rss_mb(),
         "rss_at_start_mb": rss_before_mb,
         **counts,
