@@ -27,8 +27,8 @@ import orjson
 from prime_traces._batching import LineParts
 from prime_traces._locate import describe_located
 
-CHUNK_THRESHOLD_BYTES = 1_000_000  # estimated output size above which a record is chunked
-PIECE_BYTES = 128 * 1024
+CHUNK_THRESHOLD_BYTES = 256_000  # estimated output size above which a record is chunked (~0.5 ms of dumps)
+PIECE_BYTES = 64 * 1024
 YIELD_INTERVAL_S = 0.001
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY

@@ -319,7 +319,7 @@ def test_the_yield_releases_the_gil_without_sleeping():
 def test_small_records_take_one_dumps_and_never_yield(monkeypatch):
     sleeps: list[None] = []
     monkeypatch.setattr(_encode, "_yield", lambda: sleeps.append(None))
-    episode = generate_episode(1, target_bytes=200_000, now=NOW)
+    episode = generate_episode(1, target_bytes=CHUNK_THRESHOLD_BYTES // 3, now=NOW)
     assert RecordEncoder(yield_interval_s=0).encode(episode, 0) == orjson.dumps(episode)
     assert sleeps == []
 

@@ -203,6 +203,7 @@ def main() -> None:
         "episodes": len(sizes),
         "json_bytes": sum(sizes),
         "log_max_ms": max(call_s, default=0.0) * 1e3,
+        "log_slowest": sorted(((round(t * 1e3, 2), i) for i, t in enumerate(call_s)), reverse=True)[:5],
         "log_p99_ms": _quantile(call_s, 0.99) * 1e3,
         "lag_p99_ms": _quantile(lags, 0.99) * 1e3,
         "lag_max_ms": max(lags, default=0.0) * 1e3,
