@@ -47,11 +47,14 @@ function chartData(s, weight) {
   return [s.steps, smooth(s.values, weight), markLevels(s)];
 }
 
-export function metricChart(name, s, weight, width) {
-  const box = el("div", { class: "chart", dataset: { metric: name, points: String(s.steps.length) } });
+// The chart of metric `name`, added to `grid` and as wide as its cell there.
+export function metricChart(name, s, weight, grid) {
+  const marks = () => String(s.raw.filter((r) => r !== null).length);
+  const box = el("div", { class: "chart", dataset: { metric: name, points: String(s.steps.length), marks: marks() } });
   box.append(el("h3", { text: name }));
+  grid.append(box);
   const opts = {
-    width,
+    width: Math.max(240, box.clientWidth - 12),
     height: 220,
     scales: { x: { time: false } },
     cursor: { drag: { x: true, y: false } },
@@ -77,6 +80,7 @@ export function metricChart(name, s, weight, width) {
     update(weightNow, rescale) {
       plot.setData(chartData(s, weightNow), rescale);
       box.dataset.points = String(s.steps.length);
+      box.dataset.marks = marks();
     },
   };
 }

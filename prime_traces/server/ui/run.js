@@ -61,7 +61,9 @@ async function episodes(section, runId, ctx) {
     const head = el(
       "tr",
       {},
-      ...["Episode", "Created", "Reward", "Traces", "Tokens", "Bytes", "Outcome", "Error"].map((h) => el("th", { text: h })),
+      ...["Episode", "Created", "Reward", "Traces", "Tokens", "Bytes", "Outcome", "Error"].map((h) =>
+        el("th", { class: ["Reward", "Traces", "Tokens", "Bytes"].includes(h) ? "num" : null, text: h }),
+      ),
     );
     const rows = page.items.map((e) =>
       el(
@@ -105,12 +107,7 @@ async function charts(section, runId, ctx) {
       : el("p", { class: "muted", text: "No metrics logged." }),
     grid,
   );
-  const width = Math.max(320, Math.min(560, section.clientWidth - 16));
-  const made = names.map((name) => {
-    const chart = metricChart(name, series[name], weight, width);
-    grid.append(chart.box);
-    return chart;
-  });
+  const made = names.map((name) => metricChart(name, series[name], weight, grid));
   smoothing.addEventListener("change", () => {
     weight = Number(smoothing.value);
     made.forEach((c) => c.update(weight, false));
@@ -137,8 +134,7 @@ export async function runPage(main, runId, ctx) {
   clear(main).append(
     el("h1", {}, run.name || run.run_id, " ", status),
     facts(run),
-    jsonBlock("Config", run.config),
-    jsonBlock("Summary", run.summary),
+    el("div", { class: "blocks" }, jsonBlock("Config", run.config), jsonBlock("Summary", run.summary)),
     chartSection,
     episodeSection,
   );
