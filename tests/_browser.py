@@ -13,7 +13,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -21,7 +21,7 @@ CHROMIUM_ENV = "PRIME_TRACES_CHROMIUM"
 _CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true and the browser tests cannot run: {reason}", pytrace=False)
     pytest.skip(reason)
@@ -45,6 +45,8 @@ def launched_chromium() -> Iterator[Any]:
     path = chromium_path()
     if path is None:
         _unavailable(f"no Chromium found (apt-get install chromium, or set {CHROMIUM_ENV})")
+    if not os.access(path, os.X_OK):
+        _unavailable(f"{path} is not an executable (apt-get install chromium, or set {CHROMIUM_ENV})")
     with sync_playwright() as playwright:
         try:
             # --no-sandbox: CI containers run as root, where Chromium's sandbox refuses to start.

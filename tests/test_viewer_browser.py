@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import launched_chromium
+from _browser import CHROMIUM_ENV, launched_chromium
+from _upload_helpers import api, committed, make_trace, upload
 from _viewer_data import (
     EPISODES,
     HOSTILE_TEXTS,
@@ -29,6 +30,7 @@ from _viewer_data import (
 )
 
 from prime_traces.server import LocalTracesService
+from prime_traces.server._http import producer_of
 
 try:
     from playwright.sync_api import expect
@@ -104,6 +106,8 @@ def test_runs_page_lists_the_run_with_its_numbers(page, stored) -> None:
     expect(row).to_contain_text("completed")
     expect(row.locator("td").nth(5)).to_have_text(str(EPISODES))
     expect(row.locator("canvas.spark")).to_have_count(1)
+    expect(row).to_contain_text(producer_of("alice"))  # the fingerprint, never the token
+    assert "alice" not in p.locator("main").inner_text()
     expect(p.locator("#runs tbody tr")).to_have_count(3)
     p.select_option('select[name="kind"]', "eval")
     expect(p.locator("#runs tbody tr")).to_have_count(1)
@@ -131,6 +135,18 @@ def test_run_page_draws_one_chart_per_metric_and_sorts_episodes_by_reward(page, 
     step = int(legend.first.inner_text())
     assert 300 < step < 700
     expect(legend.nth(1)).to_have_text(re.compile(r"^0\.\d+"))
+    # Dragging across a chart zooms its steps; a double-click shows them all again.
+    chart = p.locator('.chart[data-metric="reward/mean"]')
+    expect(chart).to_have_attribute("data-x-max", str(STEPS - 1))
+    p.mouse.move(box["x"] + box["width"] * 0.25, box["y"] + box["height"] / 2)
+    p.mouse.down()
+    p.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] / 2, steps=5)
+    p.mouse.up()
+    expect(chart).not_to_have_attribute("data-x-max", str(STEPS - 1))
+    assert 150 < int(chart.get_attribute("data-x-min")) < int(chart.get_attribute("data-x-max")) < 600
+    over.dblclick()
+    expect(chart).to_have_attribute("data-x-max", str(STEPS - 1))
+    over.hover(position={"x": box["width"] / 2, "y": box["height"] / 2})
     shot = p.screenshot()
     assert shot.startswith(b"\x89PNG")
     if os.environ.get(SCREENSHOT_ENV) == "1":  # the README's picture, refreshed on request only
@@ -249,3 +265,35 @@ def test_with_an_api_key_no_data_without_it_and_the_same_pages_with_it(browser, 
             assert page.foreign_requests() == [] and not page.errors
         finally:
             context.close()
+
+
+def test_pages_follow_a_running_run(browser, tmp_path) -> None:
+    with LocalTracesService(tmp_path / "traces.db") as svc:
+        assert api(svc, "POST", "/runs", json={"id": "live", "name": "live", "kind": "train"}).status_code == 201
+        rows = [{"step": s, "time": 1.7e9 + s, "metrics": {"loss": 1.0 / (s + 1)}} for s in range(10)]
+        assert api(svc, "POST", "/runs/live/metrics", json={"rows": rows}).status_code == 200
+        context = browser.new_context()
+        try:
+            page = Page(context, svc.url)
+            p = page.open()
+            records = p.locator('#runs tr[data-run-id="live"] td').nth(5)
+            expect(records).to_have_text("0")
+            committed(upload(svc.url, [make_trace("live-1", run_id="live", step=0)]))
+            expect(records).to_have_text("1", timeout=10_000)  # no reload: the page refreshes itself
+            p.click("text=live")
+            chart = p.locator('.chart[data-metric="loss"]')
+            expect(chart).to_have_attribute("data-points", "10")
+            more = [{"step": s, "time": 1.7e9 + s, "metrics": {"loss": 1.0 / (s + 1)}} for s in range(10, 25)]
+            assert api(svc, "POST", "/runs/live/metrics", json={"rows": more}).status_code == 200
+            expect(chart).to_have_attribute("data-points", "25", timeout=10_000)
+            assert not page.errors
+        finally:
+            context.close()
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_without_a_browser_ci_fails_and_a_local_run_skips(monkeypatch, tmp_path, ci, outcome) -> None:
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setenv(CHROMIUM_ENV, str(tmp_path / "no-such-chromium"))
+    with pytest.raises(outcome, match="no-such-chromium"), launched_chromium():
+        pass

@@ -72,6 +72,16 @@ export function metricChart(name, s, weight, grid) {
       },
     ],
     axes: [{ label: "step" }, {}],
+    hooks: {
+      // The visible step range, on the element too (zoom state a reader or a test can see).
+      setScale: [
+        (u, key) => {
+          if (key !== "x") return;
+          box.dataset.xMin = String(Math.round(u.scales.x.min));
+          box.dataset.xMax = String(Math.round(u.scales.x.max));
+        },
+      ],
+    },
   };
   const plot = new window.uPlot(opts, chartData(s, weight), box);
   return {
