@@ -155,7 +155,9 @@ function traceSection(summary, index, episodeId, ctx) {
         clear(messages);
         messages.style.minHeight = "";
         drawMessages(messages, Array.isArray(doc.nodes) ? doc.nodes : []);
-        raw.addEventListener("toggle", () => raw.open && raw.childElementCount === 1 && raw.append(rawView(text)));
+        const showRaw = () => raw.open && raw.childElementCount === 1 && raw.append(rawView(text));
+        raw.addEventListener("toggle", showRaw);
+        showRaw(); // opened while the document was still on its way
       })
       .catch((err) => ctx.alive() && clear(messages).append(el("p", { class: "error", text: "Could not load: " + err.message })));
     return loaded;

@@ -7,6 +7,7 @@ const KINDS = ["", "train", "eval", "unknown"];
 const REFRESH_MS = 3000;
 const PAGE_SIZE = 25;
 const view = { status: "", kind: "", cursor: null, next: null, stack: [] };
+let refreshTimer = null;
 
 function select(name, values, current, onChange) {
   const node = el("select", { name, "aria-label": name });
@@ -96,7 +97,9 @@ export async function runsPage(main, ctx) {
       : el("p", { class: "muted", text: "No runs yet." }),
     pager(view, rerender),
   );
+  // One pending refresh at a time, however often the filters change.
+  clearTimeout(refreshTimer);
   if (page.items.some((run) => run.status === "running")) {
-    setTimeout(() => ctx.alive() && rerender(), REFRESH_MS);
+    refreshTimer = setTimeout(() => ctx.alive() && rerender(), REFRESH_MS);
   }
 }
