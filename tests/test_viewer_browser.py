@@ -154,6 +154,19 @@ def test_run_page_draws_one_chart_per_metric_and_sorts_episodes_by_reward(page, 
     if os.environ.get(SCREENSHOT_ENV) == "1":  # the README's picture, refreshed on request only
         SCREENSHOT.write_bytes(shot)
 
+    # When the window changes the grid's cells, each chart follows its cell.
+    before = p.locator(".chart .uplot").first.bounding_box()["width"]
+    p.set_viewport_size({"width": 700, "height": 900})
+    p.wait_for_function(
+        """before => [...document.querySelectorAll('.chart')].every(box => {
+             const width = box.querySelector('.uplot').getBoundingClientRect().width;
+             return Math.abs(width - before) > 50 && Math.abs(width - (box.clientWidth - 12)) < 2;
+           })""",
+        arg=before,
+        timeout=5_000,
+    )
+    p.set_viewport_size({"width": 1280, "height": 900})
+
     rows = p.locator("#episodes tbody tr")
     expect(rows).to_have_count(20)
     newest = rows.first.get_attribute("data-episode-id")

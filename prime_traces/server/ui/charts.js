@@ -84,6 +84,11 @@ export function metricChart(name, s, weight, grid) {
     },
   };
   const plot = new window.uPlot(opts, chartData(s, weight), box);
+  // The grid's cells change with the window; the chart follows its cell.
+  new ResizeObserver(() => {
+    const width = Math.max(240, box.clientWidth - 12);
+    if (width !== plot.width) plot.setSize({ width, height: plot.height });
+  }).observe(box);
   return {
     box,
     plot,
