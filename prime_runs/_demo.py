@@ -135,15 +135,18 @@ def _report(
     )
     print(f"run status                 {summary.status} (steps {summary.step_min}..{summary.step_max})")
     print()
+    base_url = f"http://127.0.0.1:{VIEW_PORT}"
     if args.keep is None:
-        print("The database is deleted now. To look at the data afterwards, run the demo with --keep DIR,")
-        print("then serve the kept file, and list the run's traces or open the viewer:")
         db_path = os.path.join("DIR", "traces.db")
+    print("The run's traces, while the database is served:")
+    print(f"  prime-traces list --run-id {run.id} --base-url {base_url} --api-key {DEMO_API_KEY}")
+    if args.keep is None:
+        print("The database is deleted now. To look at the run afterwards, run the demo with --keep DIR,")
+        print("then serve the kept file and open the run's page in a browser:")
     else:
-        print("To look at it again, serve the kept database, and list the run's traces or open the viewer:")
+        print("To look at it again, serve the kept database and open the run's page in a browser:")
     print(f"  prime-traces serve --db {db_path} --port {VIEW_PORT}")
-    print(f"  prime-traces list --run-id {run.id} --base-url http://127.0.0.1:{VIEW_PORT} --api-key {DEMO_API_KEY}")
-    print(f"  open {run_page_url(f'http://127.0.0.1:{VIEW_PORT}', run.id)}")
+    print(f"  {run_page_url(base_url, run.id)}")
 
 
 def run_page_url(base_url: str, run_id: str) -> str:
