@@ -16,8 +16,10 @@ import sys
 import tempfile
 import time
 from typing import Any
+from urllib.parse import quote
 
 DEMO_API_KEY = "demo"
+VIEW_PORT = 8765
 
 
 def add_demo_command(subparsers: Any) -> None:
@@ -133,11 +135,20 @@ def _report(
     )
     print(f"run status                 {summary.status} (steps {summary.step_min}..{summary.step_max})")
     print()
+    base_url = f"http://127.0.0.1:{VIEW_PORT}"
     if args.keep is None:
-        print("The database is deleted now. To look at the data afterwards, run the demo with --keep DIR,")
-        print("then serve the kept file and list the run's traces:")
         db_path = os.path.join("DIR", "traces.db")
+    print("The run's traces, while the database is served:")
+    print(f"  prime-traces list --run-id {run.id} --base-url {base_url} --api-key {DEMO_API_KEY}")
+    if args.keep is None:
+        print("The database is deleted now. To look at the run afterwards, run the demo with --keep DIR,")
+        print("then serve the kept file and open the run's page in a browser:")
     else:
-        print("To look at it again, serve the kept database and list the run's traces:")
-    print(f"  prime-traces serve --db {db_path} --port 8765")
-    print(f"  prime-traces list --run-id {run.id} --base-url http://127.0.0.1:8765 --api-key {DEMO_API_KEY}")
+        print("To look at it again, serve the kept database and open the run's page in a browser:")
+    print(f"  prime-traces serve --db {db_path} --port {VIEW_PORT}")
+    print(f"  {run_page_url(base_url, run.id)}")
+
+
+def run_page_url(base_url: str, run_id: str) -> str:
+    """The viewer's page of ``run_id`` on the service at ``base_url``."""
+    return f"{base_url}/#/run/{quote(run_id, safe='')}"

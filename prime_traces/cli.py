@@ -44,8 +44,8 @@ def _add_serve(sub: Any) -> None:
         "serve",
         help="run the local Traces service",
         description=(
-            "Run the local Traces service (SQLite). Prints one line, "
-            "'listening on http://HOST:PORT', when ready; stops on SIGTERM or SIGINT."
+            "Run the local Traces service (SQLite) and its web viewer. Prints "
+            "'listening on http://HOST:PORT' when ready, then the viewer's URL; stops on SIGTERM or SIGINT."
         ),
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -57,6 +57,7 @@ def _add_serve(sub: Any) -> None:
         help=f"require 'Authorization: Bearer KEY' (or set {SERVE_API_KEY_ENV}); "
         "without it any bearer token is accepted, each counted as its own producer",
     )
+    p.add_argument("--no-ui", action="store_true", help="do not serve the web viewer at /")
     p.add_argument(
         "--max-uploads-in-flight",
         type=int,
@@ -141,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
         "saturated_retry_after_s": args.saturated_retry_after_s,
         "read_timeout_s": args.read_timeout_s,
         "max_body_memory_bytes": args.max_body_memory_bytes,
+        "ui": not args.no_ui,
         "latency_ms": args.latency_ms,
         "bandwidth_mb_s": args.bandwidth_mb_s,
         "fail_fraction": args.fail_fraction,
@@ -169,6 +171,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         print(f"listening on {service.url}", flush=True)
+        if service.viewer_url is not None:
+            print(f"viewer: {service.viewer_url}", flush=True)
         signal.sigwait(stop_signals)
     finally:
         service.stop()

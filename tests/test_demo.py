@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
+import requests
+
 from prime_runs.cli import main
+from prime_traces.server import LocalTracesService
 
 
 def test_demo_logs_finishes_and_reads_back_every_episode(tmp_path, capsys):
@@ -22,6 +25,14 @@ def test_demo_logs_finishes_and_reads_back_every_episode(tmp_path, capsys):
     db = tmp_path / "demo" / "traces.db"
     assert db.exists()
     assert f"prime-traces serve --db {db} --port 8765" in out and "prime-traces list --run-id " in out
+    # It ends with the command that serves the kept database and the run's page, which that serves.
+    serve, last = out.rstrip("\n").splitlines()[-2:]
+    assert serve == f"  prime-traces serve --db {db} --port 8765"
+    opened = re.fullmatch(r"  http://127\.0\.0\.1:8765/#/run/(run-[0-9a-f]+)", last)
+    assert opened, last
+    with LocalTracesService(db) as svc:
+        runs = requests.get(f"{svc.url}/api/v1/_viewer/runs", headers={"Authorization": "Bearer x"}, timeout=10)
+        assert [(r["run_id"], r["status"]) for r in runs.json()["items"]] == [(opened.group(1), "completed")]
     # The run's own console: where it goes, the progress while logging, and its summary.
     assert "prime-runs: logging run 'demo-grpo'" in captured.err
     assert re.search(r"demo: logged: 12/12 records", captured.err)

@@ -174,8 +174,22 @@ def test_serve_prints_its_address_answers_and_stops_on_a_signal(serve, signum):
     stdout, stderr = proc.finish()
     assert time.monotonic() - start < 5.0
     assert proc.proc.returncode == 0, stderr
-    assert stdout == (line + "\n").encode()  # exactly one line on stdout
+    # The address, then the viewer's URL, and nothing else on stdout.
+    assert stdout == f"{line}\nviewer: {line.removeprefix('listening on ')}/\n".encode()
     assert b"Traceback" not in stderr
+
+
+@pytest.mark.timeout(60)
+def test_serve_no_ui_serves_and_prints_no_viewer(serve):
+    proc = serve("--no-ui")
+    line = proc.read_line()
+    url = _url(line)
+    assert requests.get(url + "/", timeout=10).status_code == 401
+    assert requests.get(url + "/api/v1/_viewer/runs", headers=auth(), timeout=10).status_code == 200
+    proc.proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.finish()
+    assert proc.proc.returncode == 0, stderr
+    assert stdout == (line + "\n").encode()
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,9 @@ Start it from the shell with ``prime-traces serve``, or in-process::
     with LocalTracesService("traces.db") as svc:
         print(svc.url)
 
+The same port serves a read-only web viewer at ``/`` (``ui=False``, or
+``serve --no-ui``, turns it off; ``svc.viewer_url`` is its address).
+
 Faults (latency, bandwidth caps, 429/503 storms, rejected lines, hung or
 dropped uploads) are keyword arguments, and fields of ``svc.faults`` while
 it runs; see :class:`Faults`.

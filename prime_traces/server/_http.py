@@ -152,6 +152,16 @@ def route(method: str, pattern: str, func: Callable[[Request], Response]) -> Rou
     return (method, re.compile(f"^{re.escape(API_PREFIX)}{regex}$"), func)
 
 
+def page_route(pattern: str, func: Callable[[Request], Response]) -> Route:
+    """A ``GET`` route outside ``/api/v1`` (the viewer's files): answered without credentials."""
+    return ("GET", re.compile(f"^{pattern}$"), func)
+
+
+def is_api_path(path: str) -> bool:
+    """Whether ``path`` is under ``/api/v1``, where every request needs a bearer token."""
+    return path == API_PREFIX or path.startswith(API_PREFIX + "/")
+
+
 def producer_of(token: str) -> str:
     """A stable, non-secret label for a credential."""
     return "key-" + hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:12]

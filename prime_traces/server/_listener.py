@@ -33,6 +33,7 @@ from prime_traces.server._http import (
     Request,
     Response,
     Route,
+    is_api_path,
     json_response,
     producer_of,
     retry_after_value,
@@ -207,7 +208,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             if route_method != method:
                 continue
             params = {k: unquote(v) for k, v in match.groupdict().items()}
-            producer = self._authenticate(state)
+            # The viewer's files hold no data, and the page must load to ask for a key.
+            producer = self._authenticate(state) if is_api_path(path) else ""
             query = parse_qs(query_string, keep_blank_values=True)
             req = Request(method, path, params, query, self.headers, producer, state, self)
             return func(req)

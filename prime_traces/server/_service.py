@@ -1,8 +1,8 @@
 """The local Traces service as an object: start, stop, its URL and state.
 
 The top layer of the service: it puts the route table together from every
-handler module's ``ROUTES`` (``GET /_stats`` is its own) and hands it to the
-listener with the state.
+handler module's ``ROUTES`` (``GET /_stats`` is its own; the viewer's files
+unless ``ui=False``) and hands it to the listener with the state.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import threading
 from typing import Any
 
-from prime_traces.server import _metrics, _reads, _runs, _upload
+from prime_traces.server import _metrics, _reads, _runs, _ui, _upload, _viewer
 from prime_traces.server._body import DEFAULT_MAX_BODY_MEMORY_BYTES, DEFAULT_READ_TIMEOUT_S, MemoryBudget
 from prime_traces.server._faults import (
     DEFAULT_MAX_UPLOADS_IN_FLIGHT,
@@ -61,6 +61,7 @@ ROUTES: list[Route] = [
     *_runs.ROUTES,
     *_metrics.ROUTES,
     *_reads.ROUTES,
+    *_viewer.ROUTES,
     route("GET", "/_stats", get_stats),
 ]
 
@@ -78,6 +79,10 @@ class LocalTracesService:
     and their decompression hold at most ``max_body_memory_bytes`` across
     all requests; past it an upload gets 503 ``ingest_capacity_exceeded``
     with ``Retry-After: saturated_retry_after_s``.
+
+    With ``ui=True`` (the default) the same port serves the read-only web
+    viewer at ``/`` (:attr:`viewer_url`); its files need no credentials, its
+    data comes from ``/api/v1`` like any client's.
 
     Usage::
 
@@ -99,6 +104,7 @@ class LocalTracesService:
         saturated_retry_after_s: float = DEFAULT_SATURATED_RETRY_AFTER_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         max_body_memory_bytes: int = DEFAULT_MAX_BODY_MEMORY_BYTES,
+        ui: bool = True,
         **faults: Any,
     ) -> None:
         if store not in STORE_MODES:
@@ -133,6 +139,7 @@ class LocalTracesService:
             "saturated_retry_after_s": saturated_retry_after_s,
             "read_timeout_s": read_timeout_s,
         }
+        self.ui = ui
         self._limit = max_uploads_in_flight
         self._max_body_memory_bytes = max_body_memory_bytes
         self._lock = threading.Lock()
@@ -154,6 +161,11 @@ class LocalTracesService:
             host = f"[{host}]"
         return f"http://{host}:{port}"
 
+    @property
+    def viewer_url(self) -> str | None:
+        """The web viewer's address (``url`` + ``/``), or None when served with ``ui=False``."""
+        return f"{self.url}/" if self.ui else None
+
     def start(self) -> LocalTracesService:
         with self._lock:
             if self._server is not None:
@@ -168,7 +180,8 @@ class LocalTracesService:
                 **self._options,
             )
             try:
-                server = TracesHTTPServer((self.host, self.port), self.state, ROUTES)
+                routes = [*ROUTES, *_ui.ROUTES] if self.ui else ROUTES
+                server = TracesHTTPServer((self.host, self.port), self.state, routes)
             except BaseException:
                 store.close()
                 raise

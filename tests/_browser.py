@@ -1,0 +1,59 @@
+"""Headless Chromium for the viewer's browser tests, driven through Playwright's Python API.
+
+The browser is the operating system's ``chromium`` (``apt-get install
+chromium``), or the executable named by ``PRIME_TRACES_CHROMIUM``; Playwright's
+own browser downloads are never used. When no browser can be started the
+tests skip with the reason, except under ``CI=true``, where they fail: CI
+must run them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import pytest
+
+CHROMIUM_ENV = "PRIME_TRACES_CHROMIUM"
+_CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and the browser tests cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def chromium_path() -> str | None:
+    """The browser to drive: ``$PRIME_TRACES_CHROMIUM``, else the first Chromium on PATH."""
+    named = os.environ.get(CHROMIUM_ENV)
+    if named:
+        return named
+    return next((path for path in map(shutil.which, _CANDIDATES) if path), None)
+
+
+@contextmanager
+def launched_chromium() -> Iterator[Any]:
+    """A headless Chromium for the duration of the block; skips (fails under CI) without one."""
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except ImportError as err:
+        _unavailable(f"playwright is not installed ({err}); pip install -e '.[test]'")
+    path = chromium_path()
+    if path is None:
+        _unavailable(f"no Chromium found (apt-get install chromium, or set {CHROMIUM_ENV})")
+    if not os.access(path, os.X_OK):
+        _unavailable(f"{path} is not an executable (apt-get install chromium, or set {CHROMIUM_ENV})")
+    with sync_playwright() as playwright:
+        try:
+            # --no-sandbox: CI containers run as root, where Chromium's sandbox refuses to start.
+            browser = playwright.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        except Error as err:
+            _unavailable(f"Chromium at {path} did not start: {err}")
+        try:
+            yield browser
+        finally:
+            browser.close()
