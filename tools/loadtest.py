@@ -252,7 +252,10 @@ def markdown(rows: list[dict[str, Any]], ceiling: dict[str, float], command: str
         f"episode sizes: the production distribution times {scale}. Ceiling of this machine in the same run: "
         f"{ceiling['ceiling_mb_s']:.0f} MB/s (client {ceiling['client_s_per_mb'] * 1e3:.2f} ms/MB for orjson, "
         f"SHA-256 of the JSON and zstd-1; service {ceiling['service_s_per_mb'] * 1e3:.2f} ms/MB for "
-        "decompression, the UTF-8 check, SHA-256 and counting lines; two cores).\n\n"
+        "decompression, the UTF-8 check, SHA-256 and counting lines; two cores). "
+        f"Our record encoder costs {ceiling['encoder_s_per_mb'] * 1e3:.2f} ms/MB on one core "
+        f"({ceiling['encoder_s_per_mb'] / ceiling['dumps_s_per_mb']:.2f}x `orjson.dumps`): it holds the GIL, "
+        f"so one process cannot encode faster than {1 / ceiling['encoder_s_per_mb']:.0f} MB/s.\n\n"
     )
     table = "| " + " | ".join(name for name, _ in COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
     table += "".join("| " + " | ".join(str(cell(r, ceiling)) for _, cell in COLUMNS) + " |\n" for r in rows)
