@@ -16,10 +16,12 @@ Delivered counts come from the service. Scenarios:
   ``max_in_flight`` 1, 4 and 8;
 - c: 500 episodes, one of them unencodable (NaN);
 - d: a service that hangs every upload: ``finish()`` must end in its budget;
-- e: two producers at once against a per-credential limit of 8 on a network
-  slow enough that one producer alone is network-bound (200 ms and 1 MB/s per
-  request: 8 in flight carry 8 MB/s of compressed bodies), with
-  two credentials and with one shared (as ranks of one job do);
+- e: two producers of ``--e-episodes`` (1,000) episodes each at once against a
+  per-credential limit of 8 on a network slow enough that one producer alone
+  is network-bound (200 ms and 1 MB/s per request: 8 in flight carry 8 MB/s
+  of compressed bodies), with two credentials and with one shared (as ranks
+  of one job do); enough uploads (~30 each) that the shared limit binds past
+  the window's slow start;
 - f: ``--f-episodes`` (10,000) episodes of 2.2 MB, ours, for peak memory.
 
 The machine's ceiling is measured in the same run on the same episodes
@@ -268,7 +270,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=1000)
     parser.add_argument("--scale", type=float, default=0.1)
     parser.add_argument("--d-episodes", type=int, default=100)
-    parser.add_argument("--e-episodes", type=int, default=600)
+    parser.add_argument("--e-episodes", type=int, default=1000)
     parser.add_argument("--f-episodes", type=int, default=10_000)
     parser.add_argument("--skip-published", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a and c, small, ours only (the test suite's run)")
