@@ -60,6 +60,9 @@ def launched_chromium() -> Iterator[Any]:
             browser.close()
 
 
+_RESTARTING = '{"error": {"code": null, "message": "restarting"}}'
+
+
 class Page:
     """A page in a fresh browser context, with the log of every request it made."""
 
@@ -80,3 +83,18 @@ class Page:
 
     def foreign_requests(self) -> list[str]:
         return [r.url for r in self.requests if not r.url.startswith(self.base_url + "/")]
+
+
+def fail_once(page: Any, url_glob: str) -> None:
+    """Answer the page's next request to ``url_glob`` with a 503 in the error envelope; pass on the rest."""
+    failed = False
+
+    def handle(route: Any) -> None:
+        nonlocal failed
+        if failed:
+            route.continue_()
+            return
+        failed = True
+        route.fulfill(status=503, content_type="application/json", body=_RESTARTING)
+
+    page.route(url_glob, handle)

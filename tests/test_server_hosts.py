@@ -143,6 +143,7 @@ def test_with_an_api_key_the_key_decides_and_host_is_not_checked(tmp_path) -> No
         unauthorized = ask(svc, "GET", "/api/v1/runs", "lan-name.example")  # the default token, not the key
         assert unauthorized.status == 401
         assert ask(svc, "GET", "/", "lan-name.example").status == 200
+        assert key not in repr(svc.state)  # a logged state shows no key
 
 
 @pytest.mark.parametrize(

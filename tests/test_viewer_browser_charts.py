@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _browser import Page
+from _browser import Page, fail_once
 from _upload_helpers import api
 
 from prime_traces.server import LocalTracesService
@@ -182,3 +182,19 @@ def test_smoothing_changes_the_drawn_line_and_keeps_the_nan_marks(running, opene
         "([c, before]) => c.toDataURL() === before", arg=[canvas.element_handle(), drawn], timeout=5_000
     )
     assert legend_at(p, chart, 15)[1] == "1"
+
+
+def test_a_failed_refresh_is_said_and_tried_again(running, opened) -> None:
+    log(running, "live", rows(range(5), loss=1.0))
+    p = open_run(opened)
+    chart = p.locator('.chart[data-metric="loss"]')
+    fail_once(p, "**/api/v1/runs/live/metrics?*")
+    log(running, "live", rows(range(5, 10), loss=0.5))
+    p.clock.fast_forward(REFRESH_MS)
+    stale = p.locator(".refresh-error")
+    expect(stale).to_have_text("refresh failed (restarting); trying again")
+    expect(chart).to_have_attribute("data-points", "5")
+    p.clock.fast_forward(REFRESH_MS)
+    expect(chart).to_have_attribute("data-points", "10")
+    expect(stale).to_be_hidden()
+    opened.errors[:] = [e for e in opened.errors if "503" not in e]

@@ -70,6 +70,8 @@ def _trickled(response: Response, interval_s: float, stopping: threading.Event) 
 
 
 class RequestHandler(BaseHTTPRequestHandler):
+    """One connection: each request checked (framing, then ``Host``), routed, answered."""
+
     protocol_version = "HTTP/1.1"
     # Headers and body go out in separate writes: with Nagle on, every
     # keep-alive answer would wait ~40 ms for the client's delayed ACK.

@@ -96,10 +96,11 @@ export async function runPage(main, runId, ctx) {
   if (!ctx.alive()) return;
   ctx.crumbs(el("a", { href: "#/", text: "Runs" }), " / ", run.name || run.run_id);
   const status = el("span", {}, statusBadge(run.status));
+  const stale = el("span", { class: "error refresh-error", hidden: true });
   const chartSection = el("section", { id: "metrics" });
   const episodeSection = el("section", { id: "run-episodes" });
   clear(main).append(
-    el("h1", {}, run.name || run.run_id, " ", status),
+    el("h1", {}, run.name || run.run_id, " ", status, " ", stale),
     facts(run),
     el("div", { class: "blocks" }, jsonBlock("Config", run.config), jsonBlock("Summary", run.summary)),
     chartSection,
@@ -116,8 +117,11 @@ export async function runPage(main, runId, ctx) {
       clear(status).append(statusBadge(now.status));
       running = now.status === "running";
       if (refresh) await refresh();
+      stale.hidden = true;
     } catch (err) {
-      // A failed refresh (the service restarting, say) is tried again at the next tick.
+      // The service restarting, say: said on the page, and tried again at the next tick.
+      stale.textContent = `refresh failed (${err.message}); trying again`;
+      stale.hidden = false;
     }
     if (running && ctx.alive()) setTimeout(poll, REFRESH_MS);
   };
