@@ -55,7 +55,8 @@ def _add_serve(sub: Any) -> None:
         "--api-key",
         default=None,
         help=f"require 'Authorization: Bearer KEY' (or set {SERVE_API_KEY_ENV}); "
-        "without it any bearer token is accepted, each counted as its own producer",
+        "without it any bearer token is accepted, each counted as its own producer, and only "
+        "requests whose Host names this machine (localhost, 127.0.0.1, [::1], --host) are answered",
     )
     p.add_argument("--no-ui", action="store_true", help="do not serve the web viewer at /")
     p.add_argument(

@@ -4,7 +4,8 @@ The browser is the operating system's ``chromium`` (``apt-get install
 chromium``), or the executable named by ``PRIME_TRACES_CHROMIUM``; Playwright's
 own browser downloads are never used. When no browser can be started the
 tests skip with the reason, except under ``CI=true``, where they fail: CI
-must run them.
+must run them. :class:`Page` is a page in its own browser context that keeps
+the log of its requests and errors.
 """
 
 from __future__ import annotations
@@ -57,3 +58,43 @@ def launched_chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+_RESTARTING = '{"error": {"code": null, "message": "restarting"}}'
+
+
+class Page:
+    """A page in a fresh browser context, with the log of every request it made."""
+
+    def __init__(self, context: Any, base_url: str) -> None:
+        self.context = context
+        self.page = context.new_page()
+        self.base_url = base_url
+        self.requests: list[Any] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda request: self.requests.append(request))
+        self.page.on("pageerror", lambda err: self.errors.append(str(err)))
+        # A Content-Security-Policy refusal or a failed load is a console error.
+        self.page.on("console", lambda msg: msg.type == "error" and self.errors.append(msg.text))
+
+    def open(self, route: str = "") -> Any:
+        self.page.goto(f"{self.base_url}/{route}")
+        return self.page
+
+    def foreign_requests(self) -> list[str]:
+        return [r.url for r in self.requests if not r.url.startswith(self.base_url + "/")]
+
+
+def fail_once(page: Any, url_glob: str) -> None:
+    """Answer the page's next request to ``url_glob`` with a 503 in the error envelope; pass on the rest."""
+    failed = False
+
+    def handle(route: Any) -> None:
+        nonlocal failed
+        if failed:
+            route.continue_()
+            return
+        failed = True
+        route.fulfill(status=503, content_type="application/json", body=_RESTARTING)
+
+    page.route(url_glob, handle)

@@ -30,9 +30,18 @@ def connect(url: str, timeout_s: float = 10.0) -> socket.socket:
     return socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
 
 
-def request_head(method: str, path: str, headers: list[tuple[str, str]], *, token: str | None = DEFAULT_TOKEN) -> bytes:
-    """The request line and headers, in the order given (repeats kept), and the blank line."""
-    lines = [f"{method} {path} HTTP/1.1", "Host: localhost"]
+def request_head(
+    method: str,
+    path: str,
+    headers: list[tuple[str, str]],
+    *,
+    token: str | None = DEFAULT_TOKEN,
+    host: str | None = "localhost",
+) -> bytes:
+    """The request line, ``Host`` (None: none), the headers in the order given (repeats kept), and the blank line."""
+    lines = [f"{method} {path} HTTP/1.1"]
+    if host is not None:
+        lines.append(f"Host: {host}")
     if token is not None:
         lines.append(f"Authorization: Bearer {token}")
     lines += [f"{name}: {value}" for name, value in headers]

@@ -1,12 +1,14 @@
-"""Shared fixtures: a local service per test, and a guard against leaked threads."""
+"""Shared fixtures: a local service per test, one browser for the viewer's tests, and a guard against leaked threads."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from _browser import launched_chromium
 
 from prime_traces.server import LocalTracesService
 
@@ -38,3 +40,10 @@ def service(tmp_path) -> Iterator[LocalTracesService]:
     """A local Traces service on an ephemeral loopback port."""
     with LocalTracesService(tmp_path / "traces.db") as svc:
         yield svc
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for every browser test (skips, or fails under CI=true, without one)."""
+    with launched_chromium() as chromium:
+        yield chromium

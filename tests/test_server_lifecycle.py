@@ -169,6 +169,9 @@ def test_serve_prints_its_address_answers_and_stops_on_a_signal(serve, signum):
     docs = [trace("t-1")]
     assert post_upload(url, docs).status_code == 201
     assert post_upload(url, docs).status_code == 200
+    # Without --api-key, only a Host that names this machine is answered (DNS rebinding).
+    foreign = requests.get(url + "/api/v1/runs", headers={**auth(), "Host": "rebound.example"}, timeout=10)
+    assert (foreign.status_code, foreign.json()["error"]["code"]) == (403, "forbidden")
     proc.proc.send_signal(signum)
     start = time.monotonic()
     stdout, stderr = proc.finish()
@@ -212,6 +215,9 @@ def test_serve_takes_the_api_key_from_the_environment(serve):
     assert (resp.status_code, resp.json()["error"]["code"]) == (401, "unauthenticated")
     assert requests.get(url + "/api/v1/no-such-route", headers=auth("nope"), timeout=10).status_code == 401
     assert post_upload(url, docs, token="s3cret").status_code == 201
+    # With a key, the key decides: any Host (a LAN name, a proxy's) is answered.
+    lan = requests.get(url + "/api/v1/runs", headers={**auth("s3cret"), "Host": "lan-name.example"}, timeout=10)
+    assert lan.status_code == 200
     proc.proc.send_signal(signal.SIGTERM)
     proc.finish()
     assert proc.proc.returncode == 0

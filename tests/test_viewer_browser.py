@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _browser import CHROMIUM_ENV, launched_chromium
+from _browser import CHROMIUM_ENV, Page, fail_once, launched_chromium
 from _upload_helpers import api, committed, make_trace, upload
 from _viewer_data import (
     EPISODES,
@@ -42,6 +42,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(60)]
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "viewer.png"
 SCREENSHOT_ENV = "PRIME_TRACES_UPDATE_SCREENSHOT"
 FIRST_MESSAGE_BUDGET_MS = 2000
+#: How often a page refreshes while a run is running (runs.js, run.js).
+RUNS_REFRESH_MS, RUN_REFRESH_MS = 3000, 5000
 # Records when the first message reaches the DOM, from the browser's clock, whatever the page's code does.
 FIRST_MESSAGE_PROBE = """
 window.__firstMessageAt = null;
@@ -54,40 +56,12 @@ PWNED_HOOK = "window.__pwnedCalls = []; window.__pwned = (what) => window.__pwne
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with launched_chromium() as chromium:
-        yield chromium
-
-
-@pytest.fixture(scope="module")
 def stored(tmp_path_factory) -> Iterator[tuple[LocalTracesService, Any, int]]:
     with LocalTracesService(tmp_path_factory.mktemp("viewer") / "traces.db") as svc:
         rl = store_rl_run(svc)
         big_bytes = store_big_episode(svc)
         store_hostile_episode(svc)
         yield svc, rl, big_bytes
-
-
-class Page:
-    """A page in a fresh browser context, with the log of every request it made."""
-
-    def __init__(self, context: Any, base_url: str) -> None:
-        self.context = context
-        self.page = context.new_page()
-        self.base_url = base_url
-        self.requests: list[Any] = []
-        self.errors: list[str] = []
-        self.page.on("request", lambda request: self.requests.append(request))
-        self.page.on("pageerror", lambda err: self.errors.append(str(err)))
-        # A Content-Security-Policy refusal or a failed load is a console error.
-        self.page.on("console", lambda msg: msg.type == "error" and self.errors.append(msg.text))
-
-    def open(self, route: str = "") -> Any:
-        self.page.goto(f"{self.base_url}/{route}")
-        return self.page
-
-    def foreign_requests(self) -> list[str]:
-        return [r.url for r in self.requests if not r.url.startswith(self.base_url + "/")]
 
 
 @pytest.fixture
@@ -290,20 +264,32 @@ def test_pages_follow_a_running_run(browser, tmp_path) -> None:
         rows = [{"step": s, "time": 1.7e9 + s, "metrics": {"loss": 1.0 / (s + 1)}} for s in range(10)]
         assert api(svc, "POST", "/runs/live/metrics", json={"rows": rows}).status_code == 200
         context = browser.new_context()
+        # The pages refresh on timers: the test moves the page's clock on instead of waiting.
+        context.clock.install()
         try:
             page = Page(context, svc.url)
             p = page.open()
             records = p.locator('#runs tr[data-run-id="live"] td').nth(5)
             expect(records).to_have_text("0")
             committed(upload(svc.url, [make_trace("live-1", run_id="live", step=0)]))
-            expect(records).to_have_text("1", timeout=10_000)  # no reload: the page refreshes itself
+            # A refresh that fails is said on the page and tried again.
+            fail_once(p, "**/api/v1/_viewer/runs?*")
+            p.clock.fast_forward(RUNS_REFRESH_MS)
+            stale = p.locator(".refresh-error")
+            expect(stale).to_have_text("refresh failed (restarting); trying again")
+            expect(records).to_have_text("0")
+            p.clock.fast_forward(RUNS_REFRESH_MS)
+            expect(records).to_have_text("1")  # no reload: the page refreshes itself
+            expect(stale).to_be_hidden()
             p.click("text=live")
             chart = p.locator('.chart[data-metric="loss"]')
             expect(chart).to_have_attribute("data-points", "10")
+            expect(p.locator("#run-episodes h2")).to_be_visible()
             more = [{"step": s, "time": 1.7e9 + s, "metrics": {"loss": 1.0 / (s + 1)}} for s in range(10, 25)]
             assert api(svc, "POST", "/runs/live/metrics", json={"rows": more}).status_code == 200
-            expect(chart).to_have_attribute("data-points", "25", timeout=10_000)
-            assert not page.errors
+            p.clock.fast_forward(RUN_REFRESH_MS)
+            expect(chart).to_have_attribute("data-points", "25")
+            assert [e for e in page.errors if "503" not in e] == []
         finally:
             context.close()
 

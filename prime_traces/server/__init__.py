@@ -16,6 +16,7 @@ it runs; see :class:`Faults`.
 """
 
 from prime_traces.server._faults import DEFAULT_MAX_UPLOADS_IN_FLIGHT, Faults
-from prime_traces.server._service import LocalTracesService, is_loopback
+from prime_traces.server._hosts import is_loopback
+from prime_traces.server._service import LocalTracesService
 
 __all__ = ["DEFAULT_MAX_UPLOADS_IN_FLIGHT", "Faults", "LocalTracesService", "is_loopback"]

@@ -2,10 +2,12 @@
 
 One thread per connection (:class:`TracesHTTPServer`), each running a
 :class:`RequestHandler` that checks a request's framing before anything
-else, routes it to its handler, turns what the handler raised into an
-answer, and sends it. Every socket read waits at most the service's read
-timeout; every request's body memory is charged to the service's budget and
-given back when it is answered.
+else, then its ``Host`` when the service has no API key (``_hosts``: the
+guard against DNS rebinding, for every route at once), routes it to its
+handler, turns what the handler raised into an answer, and sends it.
+Every socket read waits at most the service's read timeout; every request's
+body memory is charged to the service's budget and given back when it is
+answered.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from prime_traces.errors import ErrorCode
 from prime_traces.server._body import MemoryRefused
+from prime_traces.server._hosts import check_host
 from prime_traces.server._http import (
     ACCEPT_ENCODING,
     RUNS_PATH,
@@ -67,6 +70,8 @@ def _trickled(response: Response, interval_s: float, stopping: threading.Event) 
 
 
 class RequestHandler(BaseHTTPRequestHandler):
+    """One connection: each request checked (framing, then ``Host``), routed, answered."""
+
     protocol_version = "HTTP/1.1"
     # Headers and body go out in separate writes: with Nagle on, every
     # keep-alive answer would wait ~40 ms for the client's delayed ACK.
@@ -104,6 +109,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         try:
             try:
                 self._check_framing()
+                if state.api_key is None:
+                    check_host(self.headers.get_all("Host") or [], self.server.bound_host)
                 response = self._handle(state, split.path, split.query)
             except HTTPError as err:
                 response = self._error(state, err)
@@ -288,6 +295,8 @@ class TracesHTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], state: ServiceState, routes: Sequence[Route]) -> None:
         self.state = state
         self.routes = routes
+        #: The host as given to bind (a name or a literal), which ``Host`` may name too.
+        self.bound_host = address[0]
         self._conn_lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._conn_threads: set[threading.Thread] = set()

@@ -7,11 +7,9 @@ unless ``ui=False``) and hands it to the listener with the state.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 from typing import Any
@@ -25,6 +23,7 @@ from prime_traces.server._faults import (
     InFlightLimiter,
     Stats,
 )
+from prime_traces.server._hosts import is_loopback
 from prime_traces.server._http import Request, Response, Route, json_response, route
 from prime_traces.server._listener import TracesHTTPServer
 from prime_traces.server._state import DEFAULT_MAX_BODY_BYTES, ServiceState, service_stats
@@ -35,21 +34,6 @@ logger = logging.getLogger(__name__)
 STORE_MODES = ("sqlite", "none")
 VALIDATE_MODES = ("full", "light")
 _STOP_TIMEOUT_S = 5.0
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine."""
-    if not host:  # every interface
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
-        except OSError:
-            return False
 
 
 def get_stats(req: Request) -> Response:
@@ -79,6 +63,11 @@ class LocalTracesService:
     and their decompression hold at most ``max_body_memory_bytes`` across
     all requests; past it an upload gets 503 ``ingest_capacity_exceeded``
     with ``Retry-After: saturated_retry_after_s``.
+
+    Without ``api_key`` it binds only to loopback and answers only requests
+    whose ``Host`` names this machine (``localhost``, ``*.localhost``,
+    127.0.0.0/8, ``[::1]``, or ``host`` itself); any other is 403
+    ``forbidden``, against DNS rebinding (``_hosts``).
 
     With ``ui=True`` (the default) the same port serves the read-only web
     viewer at ``/`` (:attr:`viewer_url`); its files need no credentials, its

@@ -27,7 +27,8 @@ class ServiceState:
     stats: Stats
     limiter: InFlightLimiter
     budget: MemoryBudget
-    api_key: str | None
+    #: Kept out of the repr, so that no log or traceback shows it.
+    api_key: str | None = field(repr=False)
     store_mode: str = "sqlite"
     validate_mode: str = "full"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES

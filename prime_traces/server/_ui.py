@@ -2,7 +2,9 @@
 
 The files ship inside the package (``prime_traces/server/ui``, package data)
 and are answered without credentials: they hold no data, and the page must
-load before it can ask for a key. Every answer carries a
+load before it can ask for a key. Like every route, they are answered only
+to a local ``Host`` when the service has no key (``_hosts``), so a page on
+another origin cannot load the viewer through a rebound name either. Every answer carries a
 Content-Security-Policy that admits scripts, styles, images and requests
 from this origin only, no inline script or style, no plugins, no framing;
 record content the page shows is text, so even a policy bypass would find
@@ -68,10 +70,12 @@ def _file(name: str) -> Response:
 
 
 def get_page(req: Request) -> Response:
+    """``GET /``: the viewer's one page."""
     return _file("index.html")
 
 
 def get_file(req: Request) -> Response:
+    """``GET /ui/<file>``: a script, style sheet or licence of the viewer, or 404."""
     return _file(req.path[len(UI_PATH) :])
 
 

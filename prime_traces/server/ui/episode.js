@@ -125,7 +125,7 @@ function rawView(text) {
   return el("div", {}, pre, more);
 }
 
-function traceSection(summary, index, episodeId, ctx) {
+function traceSection(summary, index, ctx) {
   const id = summary.trace_id;
   const messages = el("div", { class: "messages" }, el("p", { class: "muted", text: "Loading…" }));
   // Unloaded traces keep their room, so that only those near the viewport are fetched.
@@ -193,7 +193,7 @@ export async function episodePage(main, episodeId, ctx) {
   save.addEventListener("click", () => download(`/episodes/${seg(episodeId)}`, { raw: true }, `${episodeId}.json`));
   const list = el("div", { id: "traces" });
   clear(main).append(el("h1", { text: `Episode ${episodeId}` }), facts, el("div", { class: "toolbar" }, save), list);
-  const sections = summaries.map((s, i) => traceSection(s, i, episodeId, ctx));
+  const sections = summaries.map((s, i) => traceSection(s, i, ctx));
   const observer = new IntersectionObserver(
     (entries) => {
       for (const entry of entries) {

@@ -1,6 +1,6 @@
 // A run: status, config and summary, one chart per metric, its episodes (sortable, paged).
-import { getAll, getJSON, seg } from "./api.js";
-import { metricChart, seriesOf } from "./charts.js";
+import { getJSON, seg } from "./api.js";
+import { metricsSection } from "./charts.js";
 import { clear, el, fmtBytes, fmtDuration, fmtNumber, fmtTime, pager, statusBadge } from "./dom.js";
 
 const REFRESH_MS = 5000;
@@ -91,61 +91,39 @@ async function episodes(section, runId, ctx) {
   await load();
 }
 
-async function charts(section, runId, ctx) {
-  const rows = await getAll(`/runs/${seg(runId)}/metrics`, { limit: 10000 }, "rows");
-  if (!ctx.alive()) return null;
-  const series = seriesOf(rows);
-  const names = Object.keys(series).sort();
-  let weight = 0;
-  const smoothing = el("select", { name: "smoothing", "aria-label": "smoothing" });
-  for (const w of [0, 0.6, 0.9, 0.99]) smoothing.append(el("option", { value: w, text: w ? `smoothing ${w}` : "no smoothing" }));
-  const grid = el("div", { class: "charts" });
-  clear(section).append(
-    el("h2", { text: "Metrics" }),
-    names.length
-      ? el("div", { class: "toolbar" }, smoothing, el("span", { class: "muted", text: "drag to zoom, double-click to reset; red marks are NaN or infinite values" }))
-      : el("p", { class: "muted", text: "No metrics logged." }),
-    grid,
-  );
-  const made = names.map((name) => metricChart(name, series[name], weight, grid));
-  smoothing.addEventListener("change", () => {
-    weight = Number(smoothing.value);
-    made.forEach((c) => c.update(weight, false));
-  });
-  let lastStep = rows.reduce((m, r) => (r.step !== null && r.step > m ? r.step : m), -Infinity);
-  // New rows while the run is running: appended to the charts that exist (a new metric needs a reload).
-  return async () => {
-    const params = { limit: 10000, min_step: Number.isFinite(lastStep) ? lastStep + 1 : null };
-    const more = await getAll(`/runs/${seg(runId)}/metrics`, params, "rows");
-    if (!more.length || !ctx.alive()) return;
-    seriesOf(more, series);
-    lastStep = more.reduce((m, r) => (r.step !== null && r.step > m ? r.step : m), lastStep);
-    made.forEach((c) => c.update(weight, true));
-  };
-}
-
 export async function runPage(main, runId, ctx) {
   const run = await getJSON(`/runs/${seg(runId)}`);
   if (!ctx.alive()) return;
   ctx.crumbs(el("a", { href: "#/", text: "Runs" }), " / ", run.name || run.run_id);
   const status = el("span", {}, statusBadge(run.status));
+  const stale = el("span", { class: "error refresh-error", hidden: true });
   const chartSection = el("section", { id: "metrics" });
   const episodeSection = el("section", { id: "run-episodes" });
   clear(main).append(
-    el("h1", {}, run.name || run.run_id, " ", status),
+    el("h1", {}, run.name || run.run_id, " ", status, " ", stale),
     facts(run),
     el("div", { class: "blocks" }, jsonBlock("Config", run.config), jsonBlock("Summary", run.summary)),
     chartSection,
     episodeSection,
   );
-  const [refresh] = await Promise.all([charts(chartSection, runId, ctx), episodes(episodeSection, runId, ctx)]);
+  const [refresh] = await Promise.all([metricsSection(chartSection, runId, ctx), episodes(episodeSection, runId, ctx)]);
+  // While the run is running: its status, and new metric rows, every REFRESH_MS.
   const poll = async () => {
     if (!ctx.alive()) return;
-    const now = await getJSON(`/runs/${seg(runId)}`);
-    if (!ctx.alive()) return;
-    clear(status).append(statusBadge(now.status));
-    if (refresh) await refresh();
-    if (now.status === "running") setTimeout(() => poll().catch(() => {}), REFRESH_MS);
+    let running = true;
+    try {
+      const now = await getJSON(`/runs/${seg(runId)}`);
+      if (!ctx.alive()) return;
+      clear(status).append(statusBadge(now.status));
+      running = now.status === "running";
+      if (refresh) await refresh();
+      stale.hidden = true;
+    } catch (err) {
+      // The service restarting, say: said on the page, and tried again at the next tick.
+      stale.textContent = `refresh failed (${err.message}); trying again`;
+      stale.hidden = false;
+    }
+    if (running && ctx.alive()) setTimeout(poll, REFRESH_MS);
   };
-  if (run.status === "running") setTimeout(() => poll().catch(() => {}), REFRESH_MS);
+  if (run.status === "running") setTimeout(poll, REFRESH_MS);
 }

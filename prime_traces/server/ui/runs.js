@@ -84,6 +84,7 @@ export async function runsPage(main, ctx) {
     ),
   );
   const body = el("tbody", {}, ...page.items.map(row));
+  const stale = el("span", { class: "error refresh-error", hidden: true });
   clear(main).append(
     el("h1", { text: "Runs" }),
     el(
@@ -91,6 +92,7 @@ export async function runsPage(main, ctx) {
       { class: "toolbar" },
       select("status", STATUSES, view.status, refilter("status")),
       select("kind", KINDS, view.kind, refilter("kind")),
+      stale,
     ),
     page.items.length
       ? el("table", { id: "runs" }, el("thead", {}, head), body)
@@ -99,7 +101,18 @@ export async function runsPage(main, ctx) {
   );
   // One pending refresh at a time, however often the filters change.
   clearTimeout(refreshTimer);
-  if (page.items.some((run) => run.status === "running")) {
-    refreshTimer = setTimeout(() => ctx.alive() && rerender(), REFRESH_MS);
-  }
+  if (page.items.some((run) => run.status === "running")) scheduleRefresh(main, ctx, stale);
+}
+
+// A refresh that fails (the service restarting, say) is said in `stale` and tried again.
+function scheduleRefresh(main, ctx, stale) {
+  refreshTimer = setTimeout(() => {
+    if (!ctx.alive()) return;
+    runsPage(main, ctx).catch((err) => {
+      if (!ctx.alive()) return;
+      stale.textContent = `refresh failed (${err.message}); trying again`;
+      stale.hidden = false;
+      scheduleRefresh(main, ctx, stale);
+    });
+  }, REFRESH_MS);
 }
