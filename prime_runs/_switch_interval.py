@@ -31,6 +31,7 @@ _lock = threading.Lock()
 _holds = 0
 _found: float | None = None  # the interval before the first hold
 _ours: float | None = None  # the interval as set by the holds, to tell whether someone changed it since
+_generation = 0  # bumped in a forked child: a release taken before the fork ends nothing there
 
 
 def hold(interval_s: float | None) -> Callable[[], None]:
@@ -45,8 +46,8 @@ def hold(interval_s: float | None) -> Callable[[], None]:
         raise ValueError(f"the switch interval must be greater than 0 s, not {interval_s}")
     with _lock:
         current = sys.getswitchinterval()
-        if _holds == 0:
-            _found = current
+        if _holds == 0 or current != (_ours if _ours is not None else _found):
+            _found, _ours = current, None  # the first hold, or someone set the interval since the holds did
         _holds += 1
         if interval_s < current:
             sys.setswitchinterval(interval_s)
@@ -54,11 +55,12 @@ def hold(interval_s: float | None) -> Callable[[], None]:
         elif _holds == 1:
             _ours = None  # the process already runs at this interval or lower: nothing to restore
     released = [False]
+    generation = _generation
 
     def release() -> None:
         global _holds, _found, _ours
         with _lock:
-            if released[0]:
+            if released[0] or generation != _generation:
                 return
             released[0] = True
             _holds -= 1
@@ -76,8 +78,9 @@ def _nothing() -> None:
 
 def _after_fork_in_child() -> None:
     # The parent's workers are not in the child: their holds are gone with them.
-    global _lock, _holds, _found, _ours
+    global _lock, _holds, _found, _ours, _generation
     _lock = threading.Lock()
+    _generation += 1
     if _holds and _ours is not None and _found is not None and sys.getswitchinterval() == _ours:
         sys.setswitchinterval(_found)
     _holds, _found, _ours = 0, None, None

@@ -41,9 +41,10 @@ class UploadWorker:
     to the sinks through :class:`~prime_runs._delivery.Delivery` (retirement,
     spooling, setting aside). ``on_error`` hears of records that failed,
     ``on_loss`` of every record lost (see ``Accounting``), and ``tick`` runs
-    every ``tick_interval_s`` on the worker thread. While the thread runs,
-    the interpreter's switch interval is at most ``switch_interval_s``
-    (``None``: left alone; see :mod:`prime_runs._switch_interval`).
+    every ``tick_interval_s`` on the worker thread. While the thread has
+    writes to handle (not while it waits for them), the interpreter's switch
+    interval is lowered to ``switch_interval_s`` if higher (``None``: left
+    alone; see :mod:`prime_runs._switch_interval`).
     ``flush`` and ``close`` wait up to their timeout; ``close`` then cancels
     the sinks, spools everything left within ``spill_timeout_s`` more, and
     accounts for the rest, so ``submitted = stored + dropped + failed +
@@ -103,7 +104,10 @@ class UploadWorker:
         self._queue = RecordQueue(*self._limits, self.meter)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._release_switch_interval: Callable[[], None] = switch_interval.hold(None)
+        # The hold of the switch interval while the thread has writes: taken and dropped by the thread
+        # (under _lock), dropped for good by close().
+        self._switch_release: Callable[[], None] | None = None
+        self._switch_closed = False
         self._inflight: dict[int, list[Ledger]] = {}
         self.delivery = Delivery(self.sinks, self._on_error)
         for sink in self.sinks:
@@ -156,8 +160,6 @@ class UploadWorker:
         with self._lock:
             if self._thread is not None or self._queue.closed:
                 return
-            # Held from here, not from the thread's start: close() may come first.
-            self._release_switch_interval = switch_interval.hold(self.switch_interval_s)
             # None while the interpreter exits: close() accounts for the queue.
             self._thread = start_daemon(self._run, self.name)
 
@@ -209,7 +211,7 @@ class UploadWorker:
                     ledger.close(SPILL_TIMEOUT if spool_of(sink) else DEADLINE, keep_reasons=False)
             self._inflight.clear()
         self._queue.mark_all_done()
-        self._release_switch_interval()
+        self._drop_switch_interval(for_good=True)
         self._report_drops()
         for sink in self.sinks:
             try:
@@ -300,15 +302,31 @@ class UploadWorker:
         try:
             self._loop()
         finally:
-            self._release_switch_interval()
+            self._drop_switch_interval()
+
+    def _hold_switch_interval(self) -> None:
+        with self._lock:
+            if self._switch_release is None and not self._switch_closed:
+                self._switch_release = switch_interval.hold(self.switch_interval_s)
+
+    def _drop_switch_interval(self, for_good: bool = False) -> None:
+        with self._lock:
+            release, self._switch_release = self._switch_release, None
+            self._switch_closed = self._switch_closed or for_good
+        if release is not None:
+            release()
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
         while True:
             timeout = max(0.0, next_tick - time.monotonic()) if self._tick is not None else None
             writes: list[Write] = []
+            if not self._queue.queued_records:
+                self._drop_switch_interval()  # nothing to encode until the next write: the caller's threads run as set
             try:
                 writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._claim)
+                if writes:
+                    self._hold_switch_interval()
                 self._report_drops()
                 if writes:
                     for group in self._group(writes):

@@ -6,6 +6,8 @@ import collections
 import os
 import re
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -310,10 +312,57 @@ def test_to_json_of_the_wrong_type_is_a_type_error():
         encode_record(ToJson({"id": "t-1"}), 8)
 
 
+@pytest.fixture
+def switch_interval_5_ms() -> Iterator[None]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # CPython's default, whatever a run left
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_the_yield_hands_the_gil_to_a_thread_waiting_for_it(switch_interval_5_ms):
+    # A thread spinning in Python wants the GIL all the time; each yield must let it run. (os.sched_yield
+    # releases the GIL too, but returns before the waiter wakes: it ran in 0 to 33 of ~50 yields here.)
+    spins, stop, started = [0], threading.Event(), threading.Event()
+
+    def spin() -> None:
+        started.set()
+        while not stop.is_set():
+            spins[0] += 1
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    started.wait()
+    handed = 0
+    try:
+        for _ in range(50):
+            before = spins[0]
+            _encode._yield()
+            handed += spins[0] != before
+    finally:
+        stop.set()
+        spinner.join()
+    assert handed >= 40
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_yield"), reason="the platform has no sched_yield")
-def test_the_yield_releases_the_gil_without_sleeping():
-    # time.sleep(0) idles the thread ~55 us on Linux (the kernel's timer slack); sched_yield returns at once.
-    assert _encode._yield is os.sched_yield
+def test_a_switch_interval_that_hands_the_gil_over_makes_the_yields_cheap(monkeypatch):
+    sleeps: list[None] = []
+    sched: list[None] = []
+    monkeypatch.setattr(_encode, "_yield", lambda: sleeps.append(None))
+    monkeypatch.setattr(_encode, "_sched_yield", lambda: sched.append(None))
+    episode = generate_episode(2, target_bytes=3_000_000, now=NOW)
+    before = sys.getswitchinterval()
+    try:
+        for interval_s in (0.0005, 0.005):
+            sys.setswitchinterval(interval_s)
+            assert RecordEncoder(yield_interval_s=0.001).encode(episode, 0) == orjson.dumps(episode)
+            if interval_s == 0.0005:
+                assert sleeps == [] and len(sched) > 0
+                sched.clear()
+    finally:
+        sys.setswitchinterval(before)
+    assert sched == [] and len(sleeps) > 0
 
 
 def test_small_records_take_one_dumps_and_never_yield(monkeypatch):
@@ -347,7 +396,7 @@ def test_chunked_path_yields_the_gil_between_bounded_pieces(monkeypatch):
     assert max(pieces) <= 4 * _encode.PIECE_BYTES
 
 
-def test_yield_interval_spaces_the_yields(monkeypatch):
+def test_yield_interval_spaces_the_yields(monkeypatch, switch_interval_5_ms):
     sleeps: list[None] = []
     monkeypatch.setattr(_encode, "_yield", lambda: sleeps.append(None))
     ticks = iter(range(10**6))

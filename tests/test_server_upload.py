@@ -45,7 +45,8 @@ from prime_traces._lines import (
     MAX_ROWS_PER_UPLOAD,
     MAX_TRACES_PER_EPISODE,
 )
-from prime_traces.server import LocalTracesService
+from prime_traces.server import LocalTracesService, _upload
+from prime_traces.server._http import HTTPError
 from prime_traces.server._state import MAX_UNCOMPRESSED_BYTES
 
 # -- formats and codings --------------------------------------------------------
@@ -556,3 +557,17 @@ def test_last_line_may_lack_a_newline(service):
     with service.state.store.reader() as conn:
         docs = [bytes(r[0]) for r in conn.execute("SELECT raw FROM trace_docs ORDER BY seq")]
     assert docs == body.split(b"\n")
+
+
+@pytest.mark.parametrize(
+    ("data", "at"),
+    [
+        (b"\xc3\xa9" + b"a" * 98 + b"\xff" + b"b" * 10, 100),
+        (b"a" * 65535 + b"\xc3(" + b"b" * 10, 65535),  # a sequence begun on a slice's last byte
+        (b"\xc3\xa9" + b"a" * 131069 + b"\xe2\x82", 131071),  # cut off by the end of the body
+    ],
+    ids=["inside-a-slice", "across-slices", "at-the-end"],
+)
+def test_a_utf8_error_names_the_byte_its_sequence_begins_at(data, at):
+    with pytest.raises(HTTPError, match=f"not UTF-8 at byte {at}$"):
+        _upload._check_utf8(data)

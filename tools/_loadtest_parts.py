@@ -179,9 +179,10 @@ def measure_ceiling(episodes: list[dict[str, Any]], zstd_level: int = 1) -> dict
 def _gil_bound(episodes: list[dict[str, Any]], mb: float) -> dict[str, float]:
     """One core's CPU per MB for ``orjson.dumps`` and for this SDK's encoder, best of three.
 
-    Neither releases the GIL, so no number of cores lets one process encode
-    faster than ``1 / encoder_s_per_mb``: the part of the ceiling one
-    producer can never spread over two cores.
+    Both run under the GIL (the encoder hands it over between pieces, but
+    moves none of its work to another core), so no number of cores lets one
+    process encode faster than ``1 / encoder_s_per_mb``: the part of the
+    ceiling one producer can never spread over two cores.
     """
 
     dumps_s = encoder_s = float("inf")

@@ -3,7 +3,7 @@
     python tools/bench_switch_interval.py [--episodes 200] [--rounds 3]
 
 Each round, once with ``init(switch_interval_s=None)`` (CPython's 5 ms) and
-once with the default (0.5 ms), in the same process, interleaved: an offline
+once with the default (0.5 ms), in the same process, in alternating order: an offline
 run logs ``--episodes`` production-sized episodes (scale 0.1) while the main
 thread does a fixed amount of pure-Python work; a third thread sleeps 1 ms at
 a time and records how late it wakes. Reported per setting (medians over the
@@ -65,6 +65,8 @@ def one_round(
     busy_s = _busy(iterations)
     run.finish(timeout_s=300)
     wall_s = time.perf_counter() - wall0
+    stored = run.stats()["sinks"]["offline"]["stored"]
+    assert stored == len(episodes), f"stored {stored} of {len(episodes)}"
     stop.set()
     probe.join()
     assert sys.getswitchinterval() == before, "the run did not put the switch interval back"
@@ -91,8 +93,9 @@ def main() -> None:
         sizes = production_sizes(args.episodes, scale=0.1, seed=7)
         episodes = [templates.episode(i, size) for i, size in enumerate(sizes)]
         alone = statistics.median(_busy(args.iterations) for _ in range(3))
-        for _ in range(args.rounds):
-            for name, interval in settings.items():
+        for round_ in range(args.rounds):
+            order = list(settings.items())
+            for name, interval in order if round_ % 2 == 0 else order[::-1]:  # ABBA: neither always goes first
                 results[name].append(one_round(episodes, os.path.join(tmp, "runs"), interval, args.iterations))
     print(
         f"{args.episodes} episodes ({sum(sizes) / 1e6:.0f} MB), {args.rounds} rounds; the main thread's work alone: "

@@ -198,13 +198,18 @@ def _check_utf8(data: bytes | bytearray) -> None:
         return
     decoder = codecs.getincrementaldecoder("utf-8")()
     view = memoryview(data)
+    start = pending = 0
     try:
         for start in range(0, len(data), _UTF8_SLICE_BYTES):
+            # A sequence cut by the slice's end waits in the decoder: an error counts from where it began.
+            pending = len(decoder.getstate()[0])
             decoder.decode(view[start : start + _UTF8_SLICE_BYTES])
+        start = len(data)
+        pending = len(decoder.getstate()[0])
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as err:
         raise HTTPError(
-            400, ErrorCode.MALFORMED_ENCODING, f"traces part is not UTF-8 near byte {start + err.start}"
+            400, ErrorCode.MALFORMED_ENCODING, f"traces part is not UTF-8 at byte {start - pending + err.start}"
         ) from None
 
 
