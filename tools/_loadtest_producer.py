@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -161,6 +162,25 @@ async def produce_beside_a_probe(
     return lags, counts, logged_at
 
 
+class GcPauses:
+    """The garbage collector's pauses (``gc.callbacks``): a call that allocates may pay for one."""
+
+    def __init__(self) -> None:
+        self.pauses_s: list[tuple[float, int]] = []  # (seconds, generation)
+        self._started = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses_s.append((time.perf_counter() - self._started, info["generation"]))
+
+    def report(self) -> dict[str, Any]:
+        longest = max(self.pauses_s, default=(0.0, 0))
+        return {"gc_max_ms": longest[0] * 1e3, "gc_max_generation": longest[1], "gc_collections": len(self.pauses_s)}
+
+
 def _quantile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -188,6 +208,7 @@ def main() -> None:
     sdk = SDKS[args.sdk](args)
     call_s: list[float] = []
     lags: list[float] = []
+    gc_pauses = GcPauses()
     cpu0, sys0, started = _cpu_s(), _sys_s(), time.monotonic()
     if args.asyncio:
         lags, counts, logged_at = asyncio.run(
@@ -215,6 +236,7 @@ def main() -> None:
         "sys_cpu_s": _sys_s() - sys0,
         "peak_rss_mb": _peak_rss_mb(),
         "rss_at_start_mb": rss_before_mb,
+        **gc_pauses.report(),
         **counts,
     }
     # The parent times the exit from this line on: an SDK that holds the process up shows there.

@@ -237,6 +237,7 @@ COLUMNS: list[tuple[str, Any]] = [
     ("MB/s", lambda r, c: f"{r['mb_s']:.1f}"),
     ("share of ceiling", lambda r, c: f"{r['mb_s'] / c['ceiling_mb_s']:.2f}"),
     ("`log_episodes()` max / p99 ms", lambda r, c: f"{r['log_max_ms']:.2f} / {r['log_p99_ms']:.2f}"),
+    ("longest GC pause ms", lambda r, c: f"{r['gc_max_ms']:.2f}" if "gc_max_ms" in r else "—"),
     ("lag p99 / max ms", lambda r, c: f"{r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f}" if r["lag_samples"] else "—"),
     ("finish s", lambda r, c: f"{r['finish_s']:.1f}"),
     ("exit s", lambda r, c: f"{r['exit_s']:.2f}" + (" (killed)" if r["exit_killed"] else "")),
