@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from prime_traces.threads import call_in_forked_child
 
-__all__ = ["DEFAULT_SWITCH_INTERVAL_S", "hold"]
+__all__ = ["DEFAULT_SWITCH_INTERVAL_S", "BusyHold", "hold"]
 
 #: What a run lowers ``sys.getswitchinterval()`` to while it uploads; ``None`` leaves it alone.
 DEFAULT_SWITCH_INTERVAL_S = 0.0005
@@ -70,6 +70,31 @@ def hold(interval_s: float | None) -> Callable[[], None]:
                 _found = _ours = None
 
     return release
+
+
+class BusyHold:
+    """One upload thread's hold: taken while it has work, dropped while it waits, dropped for good at close.
+
+    Thread-safe; :meth:`take` and :meth:`drop` may be called any number of times.
+    """
+
+    def __init__(self, interval_s: float | None) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._release: Callable[[], None] | None = None
+        self._closed = False
+
+    def take(self) -> None:
+        with self._lock:
+            if self._release is None and not self._closed:
+                self._release = hold(self.interval_s)
+
+    def drop(self, *, for_good: bool = False) -> None:
+        with self._lock:
+            release, self._release = self._release, None
+            self._closed = self._closed or for_good
+        if release is not None:
+            release()
 
 
 def _nothing() -> None:

@@ -104,10 +104,7 @@ class UploadWorker:
         self._queue = RecordQueue(*self._limits, self.meter)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        # The hold of the switch interval while the thread has writes: taken and dropped by the thread
-        # (under _lock), dropped for good by close().
-        self._switch_release: Callable[[], None] | None = None
-        self._switch_closed = False
+        self._switch_hold = switch_interval.BusyHold(self.switch_interval_s)
         self._inflight: dict[int, list[Ledger]] = {}
         self.delivery = Delivery(self.sinks, self._on_error)
         for sink in self.sinks:
@@ -211,7 +208,7 @@ class UploadWorker:
                     ledger.close(SPILL_TIMEOUT if spool_of(sink) else DEADLINE, keep_reasons=False)
             self._inflight.clear()
         self._queue.mark_all_done()
-        self._drop_switch_interval(for_good=True)
+        self._switch_hold.drop(for_good=True)
         self._report_drops()
         for sink in self.sinks:
             try:
@@ -302,19 +299,7 @@ class UploadWorker:
         try:
             self._loop()
         finally:
-            self._drop_switch_interval()
-
-    def _hold_switch_interval(self) -> None:
-        with self._lock:
-            if self._switch_release is None and not self._switch_closed:
-                self._switch_release = switch_interval.hold(self.switch_interval_s)
-
-    def _drop_switch_interval(self, for_good: bool = False) -> None:
-        with self._lock:
-            release, self._switch_release = self._switch_release, None
-            self._switch_closed = self._switch_closed or for_good
-        if release is not None:
-            release()
+            self._switch_hold.drop()
 
     def _loop(self) -> None:
         next_tick = time.monotonic() + self.tick_interval_s
@@ -322,11 +307,11 @@ class UploadWorker:
             timeout = max(0.0, next_tick - time.monotonic()) if self._tick is not None else None
             writes: list[Write] = []
             if not self._queue.queued_records:
-                self._drop_switch_interval()  # nothing to encode until the next write: the caller's threads run as set
+                self._switch_hold.drop()  # nothing to encode until the next write: the caller's threads run as set
             try:
                 writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._claim)
                 if writes:
-                    self._hold_switch_interval()
+                    self._switch_hold.take()
                 self._report_drops()
                 if writes:
                     for group in self._group(writes):
