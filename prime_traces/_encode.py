@@ -5,13 +5,14 @@ other thread. A record estimated above ``CHUNK_THRESHOLD_BYTES`` is encoded in
 pieces of about ``PIECE_BYTES`` (runs of dict items and list elements, descending
 into values too big for one piece); the pieces join into the bytes of one
 ``orjson.dumps``. Between pieces, about every ``YIELD_INTERVAL_S``, a
-``time.sleep(0)`` hands the GIL to a thread waiting for it: the ~55 µs it
+one-microsecond sleep hands the GIL to a thread waiting for it: the ~55 µs it
 idles on Linux (the kernel's timer slack) are what let the waiter take it,
 where ``os.sched_yield()`` returns before the waiter wakes and takes the GIL
-straight back. When the interpreter's switch interval is no longer than the
-yield interval (as while a ``prime_runs`` run uploads) it already hands the
-GIL over in time, and the encoder yields with the cheaper ``sched_yield``,
-which still lets a thread waiting for a core run.
+straight back (and so does ``time.sleep(0)`` on Python 3.10). When the
+interpreter's switch interval is no longer than the yield interval (as while
+a ``prime_runs`` run uploads) it already hands the GIL over in time, and the
+encoder yields with the cheaper ``sched_yield``, which still lets a thread
+waiting for a core run.
 orjson writes NaN and ±Infinity as ``null``, so the scan that sizes a value
 checks its floats too, and a long list of numbers is checked through its output.
 """
@@ -45,8 +46,13 @@ _UNPROBED_ITEMS = 64  # chunked: a list of this many other values is gone throug
 _SEGMENT_BYTES = 4 << 20  # growing one buffer to the whole output would copy it all at times
 
 
+#: Idles the thread for the kernel's timer slack (~55 µs): long enough for a thread waiting for the GIL to
+#: take it. time.sleep(0) does the same from Python 3.11 on, but returns at once on 3.10 (it handed over 0-2 of 50).
+_HANDOVER_SLEEP_S = 1e-6
+
+
 def _yield() -> None:
-    time.sleep(0)  # hands the GIL to a waiting thread (see the module's docstring)
+    time.sleep(_HANDOVER_SLEEP_S)  # hands the GIL to a waiting thread (see the module's docstring)
 
 
 _sched_yield: Callable[[], None] | None = getattr(os, "sched_yield", None)
@@ -167,7 +173,7 @@ class _Chunker:
         self.piece, self.interval = piece_bytes, yield_interval_s
         # Under a switch interval no longer than the yield interval the interpreter hands the GIL over in
         # time; a sched_yield (~0.5 us) then only lets a thread waiting for a core run (lag p99 4.1 ms
-        # against 5.2 without it, for 3% of throughput; sleep(0) cost 10%).
+        # against 5.2 without it, for 3% of throughput; the handing-over sleep cost 10%).
         fast = sys.getswitchinterval() <= yield_interval_s
         self.release_gil: Callable[[], None] = _sched_yield if fast and _sched_yield is not None else _yield
         self.since = time.perf_counter()
