@@ -355,6 +355,8 @@ class RecordEncoder:
     too. ``encode`` blocks for about one ``orjson.dumps`` of the record, and
     above ``chunk_threshold_bytes`` releases the GIL about every
     ``yield_interval_s``. An encoder holds only settings: share it between threads.
+    A chunked record is checked for depth piece by piece, so it may nest one
+    or two levels deeper than the 254 one ``orjson.dumps`` accepts.
 
         encoder = RecordEncoder()
         line = encoder.encode({"id": "t-1", "timing": {"start": 1.75e9}}, 0) + b"\\n"
