@@ -29,6 +29,7 @@ from prime_traces.server._http import HTTPError
 
 # RFC 9110 §7.2: Host = uri-host [ ":" port ]; an IPv6 literal is bracketed.
 _HOST_RE = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[^:\[\]]+))(?::[0-9]{1,5})?")
+_V6_LOOPBACK = ipaddress.IPv6Address("::1")
 ACCEPTED_HOSTS = "localhost, *.localhost, 127.0.0.0/8 or [::1], with any port"
 # An echoed Host is attacker-chosen text: keep the error message short.
 _ECHO_CHARS = 100
@@ -56,7 +57,8 @@ def host_is_local(value: str, bound_host: str) -> bool:
         return False
     if match["v6"] is not None:
         try:
-            return ipaddress.IPv6Address(match["v6"]).is_loopback or match["v6"] == bound_host.lower()
+            # [::1] only: Python 3.13 counts an IPv4-mapped 127.0.0.1 as loopback too, 3.10-3.12 do not.
+            return ipaddress.IPv6Address(match["v6"]) == _V6_LOOPBACK or match["v6"] == bound_host.lower()
         except ValueError:
             return False
     # A fully qualified "localhost." is the same name.
