@@ -98,18 +98,25 @@ def test_a_forked_child_starts_without_the_parents_holds():
     assert sys.getswitchinterval() == pytest.approx(FOUND_S)
 
 
-def test_a_run_lowers_it_while_it_uploads_and_puts_it_back_at_finish(service, gate):
-    run = online(service, "switching")
+def interval_while_uploading(run: prime_runs.Run, gate, count: int) -> float:
+    """Log ``count`` episodes, read the switch interval while the first upload waits at the gate, then finish."""
     try:
-        assert sys.getswitchinterval() == pytest.approx(FOUND_S)  # nothing logged yet
-        assert run.log_episodes(episodes("e", 2))
+        assert run.log_episodes(episodes("e", count))
         assert gate.entered.wait(GATE_TIMEOUT_S)  # an upload is in progress
-        assert sys.getswitchinterval() == pytest.approx(prime_runs.init.__kwdefaults__["switch_interval_s"])
+        seen = sys.getswitchinterval()
         gate.open()
         assert run.flush(timeout_s=FLUSH_TIMEOUT_S)
     finally:
         gate.open()
         run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    return seen
+
+
+def test_a_run_lowers_it_while_it_uploads_and_puts_it_back_at_finish(service, gate):
+    run = online(service, "switching")
+    assert sys.getswitchinterval() == pytest.approx(FOUND_S)  # nothing logged yet
+    seen = interval_while_uploading(run, gate, 2)
+    assert seen == pytest.approx(prime_runs.init.__kwdefaults__["switch_interval_s"])
     assert_buckets(run, submitted=2, stored=2)
     assert sys.getswitchinterval() == pytest.approx(FOUND_S)
 
@@ -127,13 +134,5 @@ def test_a_run_that_only_logs_metrics_leaves_the_interpreter_alone(service):
 
 def test_a_run_told_none_leaves_the_interpreter_alone(service, gate):
     run = online(service, "leave-it", switch_interval_s=None)
-    try:
-        assert run.log_episodes(episodes("e", 1))
-        assert gate.entered.wait(GATE_TIMEOUT_S)
-        assert sys.getswitchinterval() == pytest.approx(FOUND_S)
-        gate.open()
-        assert run.flush(timeout_s=FLUSH_TIMEOUT_S)
-    finally:
-        gate.open()
-        run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    assert interval_while_uploading(run, gate, 1) == pytest.approx(FOUND_S)
     assert_buckets(run, submitted=1, stored=1)

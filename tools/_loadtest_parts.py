@@ -6,7 +6,6 @@ one thing and knows nothing of the others.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import os
@@ -24,6 +23,7 @@ import requests
 import zstandard
 
 from prime_traces.encoding import encode_record_parts
+from prime_traces.server._upload import _check_utf8 as check_utf8
 
 TOOLS = Path(__file__).resolve().parent
 PRODUCER = TOOLS / "_loadtest_producer.py"
@@ -145,8 +145,8 @@ def measure_ceiling(episodes: list[dict[str, Any]], zstd_level: int = 1) -> dict
 
     Client: ``orjson.dumps``, the SHA-256 of the JSON (the idempotency key is
     over the uncompressed bytes, contract §2) and zstd at ``zstd_level``.
-    Service (light validation): decompression, the UTF-8 check (decoded in
-    64 KiB slices, the cheapest exact check the standard library has), the
+    Service (light validation): decompression, the service's own UTF-8 check
+    (decoded in 64 KiB slices, the cheapest exact check measured), the
     SHA-256 of the JSON against the key, and counting its lines. Two cores
     share both, so the machine cannot go faster than ``2 / (client + service)`` MB/s.
     """
@@ -161,7 +161,7 @@ def measure_ceiling(episodes: list[dict[str, Any]], zstd_level: int = 1) -> dict
         client_s += time.process_time() - started
         started = time.process_time()
         data = decompressor.decompress(body)
-        _check_utf8(data)
+        check_utf8(data)  # the service's own check
         hashlib.sha256(data).digest()
         data.count(b"\n")
         service_s += time.process_time() - started
@@ -196,12 +196,3 @@ def _gil_bound(episodes: list[dict[str, Any]], mb: float) -> dict[str, float]:
             encode_record_parts(episode, index)
         encoder_s = min(encoder_s, time.process_time() - started)
     return {"dumps_s_per_mb": dumps_s / mb, "encoder_s_per_mb": encoder_s / mb}
-
-
-def _check_utf8(data: bytes, slice_bytes: int = 64 << 10) -> None:
-    if data.isascii():
-        return
-    decoder, view = codecs.getincrementaldecoder("utf-8")(), memoryview(data)
-    for start in range(0, len(data), slice_bytes):
-        decoder.decode(view[start : start + slice_bytes])
-    decoder.decode(b"", final=True)
