@@ -21,7 +21,7 @@ from prime_runs._lifecycle import (
     resolve_mode,
 )
 from prime_runs._metrics_lane import MetricsLane
-from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS
+from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, write_cap_bytes
 from prime_runs._rundir import RunDirectory, check_run_id, runs_root
 from prime_runs._segments import METRICS
 from prime_runs._size_meter import SizeMeter
@@ -31,7 +31,7 @@ from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
 from prime_runs._worker import DEFAULT_SPILL_TIMEOUT_S
 from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run
-from prime_traces.client import COMPRESSION_CHOICES, DEFAULT_TARGET_BATCH_BYTES, MAX_IN_FLIGHT_LIMIT, TracesClient
+from prime_traces.client import COMPRESSION_CHOICES, MAX_IN_FLIGHT_LIMIT, TracesClient
 from prime_traces.config import DEFAULT_BASE_URL, resolve_config
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def init(
         max_queued_records=max_queued_records,
         max_queued_bytes=max_queued_bytes,
         size_meter=meter,
-        write_cap_bytes=max_in_flight * DEFAULT_TARGET_BATCH_BYTES,
+        write_cap_bytes=write_cap_bytes(max_in_flight, max_queued_bytes),
         spill_timeout_s=spill_timeout_s,
         tick_interval_s=UPDATE_INTERVAL_S,
         switch_interval_s=switch_interval_s,

@@ -21,9 +21,29 @@ from typing import Any
 
 from prime_runs._interrupt import wait_slice
 from prime_runs._size_meter import SizeMeter
+from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES
 
 DEFAULT_MAX_QUEUED_RECORDS = 10_000
 DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
+
+
+#: At most this many batches per upload slot in one write (see write_cap_bytes).
+WRITE_BATCHES_PER_SLOT = 4
+
+
+def write_cap_bytes(max_in_flight: int, max_queued_bytes: int, batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES) -> int:
+    """How many estimated bytes of records one write of the worker may take.
+
+    The worker encodes a write's next batches while its earlier ones upload,
+    but waits for its last ones to commit before it takes the next write:
+    each write ends with the encoder idle for a batch's compression, network
+    time and ingest, so fewer, larger writes idle it less. A write's records
+    count as held until the whole write is done, though, so the cap stays
+    within a quarter of ``max_queued_bytes`` (and never under one batch per
+    slot), leaving the queue room for what the run logs meanwhile.
+    """
+    per_slot = max_in_flight * batch_bytes
+    return min(WRITE_BATCHES_PER_SLOT * per_slot, max(per_slot, max_queued_bytes // 4))
 
 
 @dataclass

@@ -13,16 +13,17 @@ from typing import Any
 from prime_runs import _switch_interval as switch_interval
 from prime_runs._accounting import Accounting, LossListener
 from prime_runs._delivery import DEADLINE, Delivery, Group, spool_of
-from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, RecordQueue, Write
+from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, RecordQueue, Write, write_cap_bytes
 from prime_runs._sink import METHODS, Ledger, Origins, Sink
 from prime_runs._size_meter import SizeMeter
 from prime_runs._spool import SPILL_TIMEOUT
 from prime_runs.errors import SinkError
+from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 from prime_traces.threads import call_in_forked_child, run_in_daemon, start_daemon
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_WRITE_CAP_BYTES = 8 * 30 * 1024 * 1024
+DEFAULT_WRITE_CAP_BYTES = write_cap_bytes(MAX_IN_FLIGHT_LIMIT, DEFAULT_MAX_QUEUED_BYTES)
 #: Prefix of the reason for records lost to an unexpected error in the worker itself.
 WORKER_ERROR = "worker_error"
 #: How long close() waits, past its deadline, for the write in progress to account for itself.

@@ -9,6 +9,9 @@ import sys
 import pytest
 from _run_helpers import REPO
 
+sys.path.insert(0, str(REPO / "tools"))
+from _loadtest_targets import efficiency_bound, share_factors
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -33,5 +36,28 @@ def test_the_smoke_scenarios_deliver_every_good_episode_and_account_for_the_pois
         assert (row["dropped"], row["failed"], row["spooled"], row["lost_all"]) == (0, failed, 0, failed)
         assert row["submitted"] == row["stored"] + row["dropped"] + row["failed"] + row["spooled"]
         assert not row["exit_killed"]
+        # The upload thread (read in clock ticks) and the main thread: never more than the whole process spent.
+        assert row["upload_thread_cpu_s"] >= 0 and row["main_thread_cpu_s"] > 0
+        assert row["upload_thread_cpu_s"] + row["main_thread_cpu_s"] <= row["cpu_s"] + 0.02
+        assert 0 <= row["log_max_without_gc_ms"] <= row["log_max_ms"]
+        # Each slowest call: ms, index, own CPU ms, GC ms, waits, preemptions; the slowest first.
+        slowest = row["log_slowest"]
+        assert slowest[0][0] == pytest.approx(row["log_max_ms"], abs=0.01)
+        assert all(len(call) == 6 and min(call) >= 0 for call in slowest)
+        # Its own CPU and the collector's pauses fit inside each call (rounded to 0.01 ms).
+        assert all(call[2] <= call[0] + 0.01 and call[3] <= call[0] + 0.01 for call in slowest)
     assert list(rows["c"]["failure_details"]) == ["invalid_record"]
     assert "is NaN" in next(iter(rows["c"]["failure_details"].values()))
+
+
+def test_the_share_of_the_ceiling_is_exactly_efficiency_times_busy_and_the_bound_replaces_only_the_upload_thread():
+    ceiling = {"client_s_per_mb": 0.005, "service_s_per_mb": 0.0025, "dumps_s_per_mb": 0.0016, "walk_s_per_mb": 0.0007}
+    ceiling["ceiling_mb_s"] = 2 / (ceiling["client_s_per_mb"] + ceiling["service_s_per_mb"])
+    row = {"json_bytes": 800e6, "wall_s": 5.0, "cpu_s": 7.5, "service_cpu_s_all": 2.5, "upload_thread_cpu_s": 3.5}
+    efficiency, busy = share_factors(row, ceiling)
+    assert efficiency == pytest.approx(6.0 / 10.0)  # 7.5 ms/MB of the ceiling's work for 800 MB, over 10 CPU-s
+    assert busy == pytest.approx(10.0 / 10.0)  # 10 CPU-s over two cores for 5 s
+    share = row["json_bytes"] / 1e6 / row["wall_s"] / ceiling["ceiling_mb_s"]
+    assert efficiency * busy == pytest.approx(share)
+    # The upload thread's 3.5 s becomes (1.6 + 0.7) ms/MB x 800 MB = 1.84 s; the other 6.5 s stay.
+    assert efficiency_bound(row, ceiling) == pytest.approx(6.0 / (6.5 + 1.84))

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from _run_helpers import MARKER, episodes, stored_episodes
 
+import prime_runs
 from prime_runs._delivery import DEADLINE, SINK_RETIRED
 from prime_runs._encoding import RunStamp
-from prime_runs._queue import RecordQueue
+from prime_runs._queue import RecordQueue, write_cap_bytes
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._size_meter import SizeMeter
 from prime_runs._traces_sink import TracesSink
-from prime_runs._worker import WORKER_ERROR, UploadWorker
+from prime_runs._worker import DEFAULT_WRITE_CAP_BYTES, WORKER_ERROR, UploadWorker
 from prime_runs.errors import SinkError
 from prime_traces import TracesClient
 
@@ -360,3 +361,16 @@ def test_an_on_error_that_raises_is_logged_and_every_later_failure_still_reaches
     assert [str(r.exc_info[1]) for r in logged] == ["callback bug"] * 2  # with its traceback, not swallowed
     assert sorted(stored_episodes(service)) == ["a0", "a2", "b0", "b1", "b2", "c1", "c2"]
     assert_buckets(worker, sink="traces", submitted=9, stored=7, failed={"rejected:invalid_trace": 2})
+
+
+def test_a_write_holds_up_to_four_batches_per_slot_within_a_quarter_of_the_queue(tmp_path):
+    mib = 1024**2
+    assert write_cap_bytes(4, 2048 * mib, 30 * mib) == 480 * mib  # four batches per slot bind
+    assert write_cap_bytes(8, 2048 * mib, 30 * mib) == 512 * mib  # a quarter of the queue binds
+    assert write_cap_bytes(8, 100 * mib, 30 * mib) == 240 * mib  # never under one batch per slot
+    assert DEFAULT_WRITE_CAP_BYTES == 512 * mib
+    run = prime_runs.init("cap", mode="offline", dir=str(tmp_path), max_in_flight=2, max_queued_bytes=1024 * mib)
+    try:
+        assert run._worker is not None and run._worker.write_cap_bytes == 240 * mib
+    finally:
+        run.finish()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import resource
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from _loadgen import Templates, poisoned
+from _loadtest_probes import GcPauses, UploadThreadCpu
 
 PROBE_INTERVAL_S = 0.001
 
@@ -118,13 +118,25 @@ SDKS: dict[str, Callable[[argparse.Namespace], Any]] = {"ours": Ours, "published
 
 
 def log_one(sdk: Any, templates: Templates, index: int, size: int, poison: int | None, call_s: list[float]) -> None:
-    """Build episode ``index`` (unencodable when it is ``poison``) and log it, timing the call alone."""
+    """Build episode ``index`` (unencodable when it is ``poison``) and log it, timing the call alone.
+
+    The garbage collector's pauses inside the call go to ``_CALL_GC_S`` too:
+    the collector runs in whichever call allocates when its count comes due.
+    """
     episode = templates.episode(index, size)
     if index == poison:
         episode = poisoned(episode)
+    # Neither read releases the GIL: one that did would let the call start with a fresh hold and move waits out.
+    switches_before = _switches()
+    first_pause, cpu_before = len(_GC.pauses), time.thread_time()  # after the read above, which may allocate
     started = time.perf_counter()
     sdk.log(episode)
-    call_s.append(time.perf_counter() - started)
+    ended = time.perf_counter()
+    call_s.append(ended - started)
+    _CALL_CPU_S.append(time.thread_time() - cpu_before)
+    _CALL_GC_S.append(_GC.inside(first_pause, started, ended))
+    waits, preempted = (after - before for after, before in zip(_switches(), switches_before))
+    _CALL_SWITCHES.append((waits, preempted))
 
 
 def produce(sdk: Any, templates: Templates, sizes: list[int], poison: int | None, call_s: list[float]) -> None:
@@ -162,23 +174,32 @@ async def produce_beside_a_probe(
     return lags, counts, logged_at
 
 
-class GcPauses:
-    """The garbage collector's pauses (``gc.callbacks``): a call that allocates may pay for one."""
+_GC = GcPauses()
+# Per log_episodes() call: the calling thread's CPU seconds, the collector's pauses inside it, and how
+# often the thread gave up its core, waiting (for the GIL, a lock) or preempted by the kernel.
+_CALL_CPU_S: list[float] = []
+_CALL_GC_S: list[float] = []
+_CALL_SWITCHES: list[tuple[int, int]] = []
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)
 
-    def __init__(self) -> None:
-        self.pauses_s: list[tuple[float, int]] = []  # (seconds, generation)
-        self._started = 0.0
-        gc.callbacks.append(self._note)
 
-    def _note(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.pauses_s.append((time.perf_counter() - self._started, info["generation"]))
+def _switches() -> tuple[int, int]:
+    """The calling thread's voluntary and involuntary context switches so far (zeros off Linux).
 
-    def report(self) -> dict[str, Any]:
-        longest = max(self.pauses_s, default=(0.0, 0))
-        return {"gc_max_ms": longest[0] * 1e3, "gc_max_generation": longest[1], "gc_collections": len(self.pauses_s)}
+    Exact counters, unlike ``getrusage``'s per-thread CPU, which moves in
+    clock ticks (``time.thread_time`` gives that).
+    """
+    if _RUSAGE_THREAD is None:
+        return (0, 0)
+    usage = resource.getrusage(_RUSAGE_THREAD)
+    return (usage.ru_nvcsw, usage.ru_nivcsw)
+
+
+def slowest_calls(call_s: list[float], count: int = 5) -> list[list[float]]:
+    """The slowest calls: [ms, index, own CPU ms, GC ms, times it waited, times it was preempted]."""
+    order = sorted(range(len(call_s)), key=lambda i: call_s[i], reverse=True)[:count]
+    ms = [call_s, _CALL_CPU_S, _CALL_GC_S]
+    return [[round(ms[0][i] * 1e3, 2), i, *(round(m[i] * 1e3, 2) for m in ms[1:]), *_CALL_SWITCHES[i]] for i in order]
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -208,7 +229,10 @@ def main() -> None:
     sdk = SDKS[args.sdk](args)
     call_s: list[float] = []
     lags: list[float] = []
-    gc_pauses = GcPauses()
+    gc_pauses = _GC
+    gc_pauses.reset()  # the SDK's import and setup are not the run's
+    upload_cpu = UploadThreadCpu() if sys.platform == "linux" else None
+    main_cpu0 = time.thread_time()
     cpu0, sys0, started = _cpu_s(), _sys_s(), time.monotonic()
     if args.asyncio:
         lags, counts, logged_at = asyncio.run(
@@ -224,8 +248,10 @@ def main() -> None:
         "episodes": len(sizes),
         "json_bytes": sum(sizes),
         "log_max_ms": max(call_s, default=0.0) * 1e3,
-        "log_slowest": sorted(((round(t * 1e3, 2), i) for i, t in enumerate(call_s)), reverse=True)[:5],
+        "log_slowest": slowest_calls(call_s),
         "log_p99_ms": _quantile(call_s, 0.99) * 1e3,
+        # The longest a call took less the collector's pauses inside it.
+        "log_max_without_gc_ms": max((t - g for t, g in zip(call_s, _CALL_GC_S)), default=0.0) * 1e3,
         "lag_p99_ms": _quantile(lags, 0.99) * 1e3,
         "lag_max_ms": max(lags, default=0.0) * 1e3,
         "lag_samples": len(lags),
@@ -237,6 +263,8 @@ def main() -> None:
         "peak_rss_mb": _peak_rss_mb(),
         "rss_at_start_mb": rss_before_mb,
         **gc_pauses.report(),
+        "main_thread_cpu_s": time.thread_time() - main_cpu0,
+        **({"upload_thread_cpu_s": upload_cpu.report()} if upload_cpu is not None else {}),
         **counts,
     }
     # The parent times the exit from this line on: an SDK that holds the process up shows there.

@@ -43,7 +43,7 @@ from typing import Any
 
 from _loadgen import Templates, production_sizes
 from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
-from _loadtest_targets import verdicts
+from _loadtest_targets import slowest_call, verdicts
 
 from prime_runs._workload import generate_episode
 
@@ -225,6 +225,19 @@ def _line(row: dict[str, Any]) -> str:
     )
 
 
+def _slowest_call(row: dict[str, Any], ceiling: dict[str, float]) -> str:
+    _ms, gc_ms, waits, preempted = slowest_call(row)
+    return f"{waits} / {preempted} / {gc_ms:.2f}"
+
+
+def _cpu_split(row: dict[str, Any], ceiling: dict[str, float]) -> str:
+    if row["sdk"] != "ours" or "upload_thread_cpu_s" not in row:
+        return "—"  # the roles are this SDK's threads
+    per_mb = 1e3 / (row["json_bytes"] / 1e6)
+    upload, main = row["upload_thread_cpu_s"], row["main_thread_cpu_s"]
+    return f"{upload * per_mb:.2f} / {main * per_mb:.2f} / {(row['cpu_s'] - upload - main) * per_mb:.2f}"
+
+
 COLUMNS: list[tuple[str, Any]] = [
     ("scenario", lambda r, c: r["scenario"]),
     ("variant", lambda r, c: r["variant"]),
@@ -237,6 +250,7 @@ COLUMNS: list[tuple[str, Any]] = [
     ("MB/s", lambda r, c: f"{r['mb_s']:.1f}"),
     ("share of ceiling", lambda r, c: f"{r['mb_s'] / c['ceiling_mb_s']:.2f}"),
     ("`log_episodes()` max / p99 ms", lambda r, c: f"{r['log_max_ms']:.2f} / {r['log_p99_ms']:.2f}"),
+    ("slowest call: waits / preempted / GC ms", _slowest_call),
     ("longest GC pause ms", lambda r, c: f"{r['gc_max_ms']:.2f}" if "gc_max_ms" in r else "—"),
     ("lag p99 / max ms", lambda r, c: f"{r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f}" if r["lag_samples"] else "—"),
     ("finish s", lambda r, c: f"{r['finish_s']:.1f}"),
@@ -244,6 +258,7 @@ COLUMNS: list[tuple[str, Any]] = [
     ("peak RSS MB", lambda r, c: f"{r['peak_rss_mb']:.0f}"),
     ("above workload MB", lambda r, c: f"{r['rss_above_workload_mb']:.0f}"),
     ("client CPU s", lambda r, c: f"{r['cpu_s']:.1f}"),
+    ("client ms/MB: upload thread / main thread / the rest (request threads)", _cpu_split),
     ("service CPU s", lambda r, c: f"{r['service_cpu_s_all']:.1f}"),
 ]
 
@@ -258,7 +273,9 @@ def markdown(rows: list[dict[str, Any]], ceiling: dict[str, float], command: str
         "decompression, the UTF-8 check, SHA-256 and counting lines; two cores). "
         f"Our record encoder costs {ceiling['encoder_s_per_mb'] * 1e3:.2f} ms/MB on one core "
         f"({ceiling['encoder_s_per_mb'] / ceiling['dumps_s_per_mb']:.2f}x `orjson.dumps`): it holds the GIL, "
-        f"so one process cannot encode faster than {1 / ceiling['encoder_s_per_mb']:.0f} MB/s.\n\n"
+        f"so one process cannot encode faster than {1 / ceiling['encoder_s_per_mb']:.0f} MB/s. One walk of the "
+        f"records that sums their number lists, the least that refuses NaN over orjson, costs "
+        f"{ceiling['walk_s_per_mb'] * 1e3:.2f} ms/MB.\n\n"
     )
     table = "| " + " | ".join(name for name, _ in COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
     table += "".join("| " + " | ".join(str(cell(r, ceiling)) for _, cell in COLUMNS) + " |\n" for r in rows)
