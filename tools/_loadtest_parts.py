@@ -22,6 +22,7 @@ import orjson
 import requests
 import zstandard
 
+from prime_traces._encode import _check_numbers as check_numbers
 from prime_traces.encoding import encode_record_parts
 from prime_traces.server._upload import _check_utf8 as check_utf8
 
@@ -216,15 +217,8 @@ def walk_record(value: Any) -> None:
         if t is dict:
             stack.extend(v.values())
         elif t is list:
-            if v and type(v[0]) in (int, float) and type(v[-1]) in (int, float):
-                try:
-                    total = sum(v)  # NaN or ±Infinity anywhere makes it non-finite
-                except TypeError:
-                    stack.extend(v)  # numbers at both ends only
-                    continue
-                if total - total != 0:
-                    raise ValueError(f"a list holds {total}")
-            else:
+            numbers = v and type(v[0]) in (int, float) and type(v[-1]) in (int, float)
+            if not (numbers and check_numbers(v)):  # the encoder's own sum, which raises on NaN and ±Infinity
                 stack.extend(v)
         elif t is float and v - v != 0.0:  # NaN and ±Infinity
             raise ValueError(v)

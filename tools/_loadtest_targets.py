@@ -98,9 +98,18 @@ def share_factors(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[float
     over two cores for the producer's wall time. Their product is the share,
     so a run cannot pass its efficiency however well it keeps the cores busy.
     """
-    spent = row["cpu_s"] + row["service_cpu_s_all"]
-    needed = (ceiling["client_s_per_mb"] + ceiling["service_s_per_mb"]) * row["json_bytes"] / 1e6
-    return needed / spent, spent / (2 * row["wall_s"])
+    spent = _spent_s(row)
+    return _needed_s(row, ceiling) / spent, spent / (2 * row["wall_s"])
+
+
+def _spent_s(row: dict[str, Any]) -> float:
+    """CPU seconds of the producer and the service together."""
+    return row["cpu_s"] + row["service_cpu_s_all"]
+
+
+def _needed_s(row: dict[str, Any], ceiling: dict[str, float]) -> float:
+    """CPU seconds the ceiling's operations need for the row's bytes."""
+    return (ceiling["client_s_per_mb"] + ceiling["service_s_per_mb"]) * row["json_bytes"] / 1e6
 
 
 def efficiency_bound(row: dict[str, Any], ceiling: dict[str, float]) -> float:
@@ -110,11 +119,8 @@ def efficiency_bound(row: dict[str, Any], ceiling: dict[str, float]) -> float:
     stays as measured. An estimate, not a bound: the walk and ``dumps`` are
     measured apart from the run, and the rest includes the load test's own work.
     """
-    mb = row["json_bytes"] / 1e6
-    floor = (ceiling["dumps_s_per_mb"] + ceiling["walk_s_per_mb"]) * mb
-    spent = row["cpu_s"] + row["service_cpu_s_all"] - row["upload_thread_cpu_s"] + floor
-    needed = (ceiling["client_s_per_mb"] + ceiling["service_s_per_mb"]) * mb
-    return needed / spent
+    floor = (ceiling["dumps_s_per_mb"] + ceiling["walk_s_per_mb"]) * row["json_bytes"] / 1e6
+    return _needed_s(row, ceiling) / (_spent_s(row) - row["upload_thread_cpu_s"] + floor)
 
 
 def _window_speedup(rows: Rows) -> tuple[str, bool] | None:
@@ -125,14 +131,14 @@ def _window_speedup(rows: Rows) -> tuple[str, bool] | None:
     # Per batch at 1 in flight: CPU c (client and service) then network n, one after the other; two cores
     # run at most two batches' CPU at once, so no window can beat (c + n) / (c / 2) = 2 + 2n/c.
     batches = max(1, r1["uploads_all"])
-    cpu = (r1["cpu_s"] + r1["service_cpu_s_all"]) / batches
+    cpu = _spent_s(r1) / batches
     network = 0.1 + (r1["wire_mb_all"] / batches) / 100
     bound = 2 + 2 * network / cpu
     ratio = eight[0]["mb_s"] / r1["mb_s"]
     r8 = eight[0]
-    cpu8 = (r8["cpu_s"] + r8["service_cpu_s_all"]) / max(1, r8["uploads_all"])
+    cpu8 = _spent_s(r8) / max(1, r8["uploads_all"])
     # The 8-in-flight run cannot end before its own CPU is spent on two cores: 1-in-flight time over that floor.
-    floor_ratio = r1["wall_s"] / ((r8["cpu_s"] + r8["service_cpu_s_all"]) / 2)
+    floor_ratio = r1["wall_s"] / (_spent_s(r8) / 2)
     text = (
         f"{ratio:.2f}x over 1 in flight; bound {bound:.2f}x; {ratio / bound:.3f} of it. CPU per batch "
         f"{cpu * 1e3:.0f} ms at 1 in flight, {cpu8 * 1e3:.0f} ms at 8; at 8 the run's own CPU on two cores "
