@@ -14,13 +14,13 @@ a ``prime_runs`` run uploads) it already hands the GIL over in time, and the
 encoder yields with the cheaper ``sched_yield``, which still lets a thread
 waiting for a core run.
 orjson writes NaN and ±Infinity as ``null``, so the scan that sizes a value
-checks its floats too, and a long list of numbers is checked through its output.
+checks its floats too (``prime_traces._sizing``), and a long list of numbers is
+checked through its output.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import os
 import sys
 import time
@@ -31,6 +31,16 @@ import orjson
 
 from prime_traces._batching import LineParts
 from prime_traces._locate import describe_located
+from prime_traces._sizing import (
+    FLOAT_BYTES,
+    INT_BYTES,
+    NUMBER,
+    UNPROBED_ITEMS,
+    NonFinite,
+    estimate,
+    lists_look_over,
+    scan,
+)
 
 CHUNK_THRESHOLD_BYTES = 256_000  # estimated output size above which a record is chunked (~0.5 ms of dumps)
 PIECE_BYTES = 64 * 1024
@@ -38,11 +48,7 @@ YIELD_INTERVAL_S = 0.001
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _MAX_DEPTH = 254  # orjson's own nesting limit; also ends a cycle in the chunked path
-_FLOAT_BYTES = 22  # a float32 logprob prints as ~20 characters, a float64 as up to 24
-_INT_BYTES = 6
-_NUMBER = (int, float)
 _OWN_PIECE_ITEMS = 1024  # chunked: a list of this many numbers is checked through its own pieces
-_UNPROBED_ITEMS = 64  # chunked: a list of this many other values is gone through item by item
 _SEGMENT_BYTES = 4 << 20  # growing one buffer to the whole output would copy it all at times
 
 
@@ -58,10 +64,6 @@ def _yield() -> None:
 _sched_yield: Callable[[], None] | None = getattr(os, "sched_yield", None)
 
 
-class _NonFinite(ValueError):
-    """args[0] is the NaN or ±Infinity found."""
-
-
 class _Unencodable(TypeError):
     """args[0] is the value neither orjson nor the default hook can encode."""
 
@@ -73,99 +75,10 @@ def _default(obj: object) -> object:
     raise _Unencodable(obj)
 
 
-def _check_numbers(seq: Any) -> bool:
-    """Whether seq holds only ints and floats; raises _NonFinite on NaN or ±Infinity."""
-    try:
-        total = sum(seq)  # C speed, and NaN or ±Infinity anywhere makes the total non-finite
-    except Exception:  # noqa: BLE001  not all numbers (numpy values inside may broadcast or warn): look at each
-        return False
-    if type(total) is int:
-        return True
-    if not isinstance(total, float):
-        return False  # numpy scalars, Decimals: the item-by-item scan judges them
-    if not math.isfinite(total):
-        for x in seq:
-            if isinstance(x, float) and not math.isfinite(x):
-                raise _NonFinite(x)
-    return True  # finite floats whose sum overflowed
-
-
-def _scan(value: object, limit: int, own_piece_items: int = 0) -> int:
-    """Estimate value's encoded size and check its floats, returning once past limit.
-
-    A return of at most limit means every float in value was checked; lists of
-    numbers are summed only then, so a scan that stops early wastes no sums.
-    With own_piece_items, a long list of numbers (or numpy array), or a long
-    list of anything, makes the scan return more than limit at once.
-    """
-    np = sys.modules.get("numpy")
-    size = 0
-    # Any: the loop dispatches on the exact type() of each value, which mypy cannot narrow through.
-    stack: list[Any] = [value]
-    numbers: list[list | tuple] = []
-    while True:
-        while stack:
-            v = stack.pop()
-            t = type(v)
-            if t is str:
-                size += len(v) + 2 if v.isascii() else 2 * len(v) + 2
-            elif t is dict or (t is not list and isinstance(v, dict)):
-                size += 2 + 12 * dict.__len__(v)  # keys: quotes, colon, comma and ~8 characters
-                for x in dict.values(v):  # a subclass's own storage, as orjson reads it
-                    tx = type(x)
-                    if tx is str:
-                        size += len(x) if x.isascii() else 2 * len(x)
-                    elif tx is float:
-                        if not math.isfinite(x):
-                            raise _NonFinite(x)
-                        size += _FLOAT_BYTES
-                    elif tx is int or tx is bool or x is None:
-                        size += _INT_BYTES
-                    else:
-                        stack.append(x)
-            elif t is list or t is tuple or isinstance(v, list):
-                if t is not list and t is not tuple:
-                    v = list.__getitem__(v, slice(None))
-                n = len(v)
-                if n and type(v[0]) in _NUMBER and type(v[-1]) in _NUMBER:
-                    if own_piece_items and n >= own_piece_items:
-                        return sys.maxsize
-                    size += n * (_FLOAT_BYTES if type(v[0]) is float else _INT_BYTES)
-                    numbers.append(v)
-                elif own_piece_items and n >= _UNPROBED_ITEMS:
-                    return sys.maxsize
-                else:
-                    size += n + 2
-                    stack.extend(v)
-            elif t is float or isinstance(v, float) or (np is not None and isinstance(v, np.floating)):
-                if not math.isfinite(v):  # numpy's float32 and float16 too
-                    raise _NonFinite(float(v))
-                size += _FLOAT_BYTES
-            elif np is not None and isinstance(v, np.ndarray):
-                if own_piece_items and v.size >= own_piece_items:
-                    return sys.maxsize
-                size += v.size * _FLOAT_BYTES + 2
-                if size > limit:
-                    return size
-                if v.dtype.kind in "fc" and not np.isfinite(v).all():
-                    raise _NonFinite(v[~np.isfinite(v)].flat[0].item())
-                if v.dtype.kind == "O":
-                    stack.extend(v.ravel().tolist())
-            else:
-                size += _INT_BYTES
-            if size > limit:
-                return size
-        if not numbers:
-            return size
-        v = numbers.pop()
-        if not _check_numbers(v):
-            stack.extend(v)  # numbers at both ends only: look at every item
-
-
 class _Chunker:
     """One chunked encoding: its output so far, and when it last released the GIL.
 
-    A piece is items that _scan checked in full, numbers checked through their
+    A piece is items that scan checked in full, numbers checked through their
     output, or part of a string. BytesIO segments hand over their buffers uncopied.
     """
 
@@ -183,7 +96,7 @@ class _Chunker:
     def _emit(self, value: object, comma: bool, numbers: bool = False, whole: bool = False) -> None:
         data = orjson.dumps(value, default=_default, option=_OPTIONS)
         if numbers and b"n" in data:  # NaN and ±Infinity came out as null; numbers have no "n"
-            _scan(value, sys.maxsize)
+            scan(value, sys.maxsize)
         out = self.out
         if comma:
             out.write(b",")
@@ -229,11 +142,13 @@ class _Chunker:
             if kind is str:
                 size = len(item) if item.isascii() else 2 * len(item)
             elif kind is int or kind is bool or item is None:
-                size = _INT_BYTES
-            elif kind is list and len(item) >= _OWN_PIECE_ITEMS and type(item[0]) in _NUMBER:
+                size = INT_BYTES
+            elif kind is list and len(item) >= _OWN_PIECE_ITEMS and type(item[0]) in NUMBER:
                 size = sys.maxsize  # numbers (or not: its own pieces are checked either way)
+            elif kind is list and (len(item) >= UNPROBED_ITEMS or len(item) > 1 and estimate(item, piece) > piece):
+                size = sys.maxsize  # looks too big for a piece: scanning a piece of it first would be waste
             else:
-                size = _scan(item, piece, _OWN_PIECE_ITEMS)
+                size = scan(item, piece, _OWN_PIECE_ITEMS)
             if size <= piece:
                 batch[key] = item
                 batch_size += size
@@ -255,36 +170,42 @@ class _Chunker:
     def _list(self, seq: list | tuple, depth: int) -> None:
         piece, n = self.piece, len(seq)
         self.out.write(b"[")
-        if n and type(seq[0]) in _NUMBER and type(seq[-1]) in _NUMBER:
-            step = max(1, piece // (_FLOAT_BYTES if type(seq[0]) is float else _INT_BYTES))
+        if n and type(seq[0]) in NUMBER and type(seq[-1]) in NUMBER:
+            step = max(1, piece // (FLOAT_BYTES if type(seq[0]) is float else INT_BYTES))
             if n <= step:
                 self._emit(seq, False, numbers=True)  # a slice would copy it for nothing
             for i in range(0, n if n > step else 0, step):
                 self._emit(seq[i : i + step], i > 0, numbers=True)
             self.out.write(b"]")
             return
-        i = 0
+        i, guess, over = 0, False, False
         while i < n:
             j, batch_size = i, 0
             while j < n and batch_size < piece:
-                size = _scan(seq[j], piece, _OWN_PIECE_ITEMS)
-                if size > piece:
+                # After a sibling took a long scan to turn out too big for a piece, guess first: the next likely is too.
+                if guess and estimate(seq[j], piece) > piece:
+                    size = sys.maxsize
+                else:
+                    size = scan(seq[j], piece, _OWN_PIECE_ITEMS)
+                    guess = piece < size < sys.maxsize  # maxsize: the scan saw at once
+                over = size > piece
+                if over:
                     break
                 batch_size += size
                 j += 1
             if j > i:
                 self._emit(seq[i:j], i > 0)
-                i = j
-            else:
-                if i > 0:
+            if over:
+                if j > 0:
                     self.out.write(b",")
-                self.value(seq[i], depth + 1)
-                i += 1
+                self.value(seq[j], depth + 1)
+                j += 1
+            i = j
         self.out.write(b"]")
 
     def _array(self, array: Any) -> None:
         rows = len(array)
-        step = max(1, self.piece // (max(1, array.size // rows) * _FLOAT_BYTES))
+        step = max(1, self.piece // (max(1, array.size // rows) * FLOAT_BYTES))
         # A one-row slice of a strided array is contiguous: convert it as _default would the whole.
         as_list = not array.flags.c_contiguous
         self.out.write(b"[")
@@ -402,12 +323,13 @@ class RecordEncoder:
                 return form
             record = form if isinstance(form, dict) else dict(form)
         try:
-            if _scan(record, self.chunk_threshold_bytes) <= self.chunk_threshold_bytes:
+            threshold = self.chunk_threshold_bytes
+            if not lists_look_over(record, threshold) and scan(record, threshold) <= threshold:
                 return orjson.dumps(record, default=_default, option=_OPTIONS)
             chunker = _Chunker(self.piece_bytes, self.yield_interval_s)
             chunker.value(record, 0)
             return chunker.parts()
-        except _NonFinite as err:
+        except NonFinite as err:
             where = describe_located(record) or f"{err.args[0]!r} is not JSON (NaN and Infinity are refused)"
             raise ValueError(f"record {index}: {where}") from None
         except orjson.JSONEncodeError as err:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import sys
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from prime_traces import _encode
+from prime_traces import _encode, _sizing
 from prime_traces._encode import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
@@ -60,9 +61,14 @@ def chunking(piece_bytes: int = 1) -> RecordEncoder:
     return RecordEncoder(chunk_threshold_bytes=0, piece_bytes=piece_bytes)
 
 
-def tiny_limits():
+@contextlib.contextmanager
+def tiny_limits() -> Iterator[None]:
     """Shrink the chunked path's size constants so small documents reach every branch."""
-    return mock.patch.multiple(_encode, _OWN_PIECE_ITEMS=3, _UNPROBED_ITEMS=3, _SEGMENT_BYTES=64)
+    with (
+        mock.patch.multiple(_encode, _OWN_PIECE_ITEMS=3, UNPROBED_ITEMS=3, _SEGMENT_BYTES=64),
+        mock.patch.multiple(_sizing, UNPROBED_ITEMS=3, ESTIMATE_NODES=3),
+    ):
+        yield
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
@@ -132,6 +138,38 @@ def test_large_workload_episode_is_byte_identical_through_both_paths():
     assert encode_record(episode, 0) == expected
     assert RecordEncoder(chunk_threshold_bytes=10**12).encode(episode, 0) == expected
     assert chunking(4096).encode(episode, 0) == expected
+
+
+@pytest.mark.parametrize("target_bytes", [300_000, 900_000, 3_000_000])
+def test_a_value_plainly_too_big_for_a_piece_is_not_scanned_first(monkeypatch, target_bytes):
+    # Scanning a piece's worth of a value only to descend into it and scan its parts again walked
+    # 2.0-3.4 times an episode's size; a guess from its first and last items now spares most of it.
+    scanned = [0]
+    real_scan = _sizing.scan
+
+    def scan(value, limit, own_piece_items=0):
+        size = real_scan(value, limit, own_piece_items)
+        scanned[0] += min(size, limit + 1)
+        return size
+
+    monkeypatch.setattr(_encode, "scan", scan)
+    episode = generate_episode(3, target_bytes=target_bytes, now=NOW)
+    expected = orjson.dumps(episode)
+    assert encode_record(episode, 0) == expected
+    assert scanned[0] <= 1.6 * len(expected)
+
+
+def test_a_guess_at_a_size_is_cheap_and_safe_on_any_value():
+    class Sized:
+        size = property(lambda self: 1 / 0)  # never read: only a numpy array's size counts
+
+    looped: list = [1.5]
+    looped.append(looped)  # the guess stops after a bounded number of containers
+    wide = {str(i): {"x": "y" * 10} for i in range(1000)}
+    assert _sizing.estimate([Sized(), Sized()], 10**9) == 4 + 2 * _sizing.INT_BYTES
+    assert _sizing.estimate(looped, 10**9) > 0
+    assert len(orjson.dumps(wide)) < _sizing.estimate(wide, 10**9) < 2 * len(orjson.dumps(wide))
+    assert 1000 < _sizing.estimate([wide, wide], 1000) < _sizing.estimate([wide, wide], 10**9)  # stops past the limit
 
 
 @pytest.mark.parametrize(
@@ -323,6 +361,8 @@ def switch_interval_5_ms() -> Iterator[None]:
 def test_the_yield_hands_the_gil_to_a_thread_waiting_for_it(switch_interval_5_ms):
     # A thread spinning in Python wants the GIL all the time; each yield must let it run. (os.sched_yield
     # releases the GIL too, but returns before the waiter wakes: it ran in 0 to 33 of ~50 yields here.)
+    # The best of three rounds: a round can lose the spinner's core to another process (40 of 50 failed
+    # about one full run in eight; alone, 190 of 200 rounds handed over all 50).
     spins, stop, started = [0], threading.Event(), threading.Event()
 
     def spin() -> None:
@@ -333,16 +373,21 @@ def test_the_yield_hands_the_gil_to_a_thread_waiting_for_it(switch_interval_5_ms
     spinner = threading.Thread(target=spin, daemon=True)
     spinner.start()
     started.wait()
-    handed = 0
+    rounds = []
     try:
-        for _ in range(50):
-            before = spins[0]
-            _encode._yield()
-            handed += spins[0] != before
+        for _ in range(3):
+            handed = 0
+            for _ in range(50):
+                before = spins[0]
+                _encode._yield()
+                handed += spins[0] != before
+            rounds.append(handed)
+            if handed >= 40:
+                break
     finally:
         stop.set()
         spinner.join()
-    assert handed >= 40
+    assert max(rounds) >= 40, rounds
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_yield"), reason="the platform has no sched_yield")
