@@ -29,6 +29,9 @@ DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
 
 #: At most this many batches per upload slot in one write (see write_cap_bytes).
 WRITE_BATCHES_PER_SLOT = 4
+#: Writes the worker takes per hold of the queue's lock: 0.1 ms, where taking 800 in one hold took 1.2 ms,
+#: and every log_episodes() call meanwhile waited for the lock, then for the GIL.
+TAKE_WRITES_PER_HOLD = 64
 
 
 def write_cap_bytes(max_in_flight: int, max_queued_bytes: int, batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES) -> int:
@@ -134,35 +137,47 @@ class RecordQueue:
     ) -> list[Write]:
         """Up to ``max_bytes`` (estimated) of writes, at least one; [] on timeout or close.
 
-        ``on_take`` runs under the queue's lock, so whatever it registers is
-        visible to :meth:`close` (nothing taken is ever in limbo).
+        The writes are taken ``TAKE_WRITES_PER_HOLD`` at a time, the lock let
+        go between: a caller's ``put`` never waits for more than that many.
+        ``on_take`` runs under the queue's lock for each such part, so whatever
+        it registers is visible to :meth:`close` (nothing taken is ever in limbo).
         """
+        taken: list[Write] = []
+        size = 0.0
         with self._cond:
             if not self._writes and not self._closed:
                 self._cond.wait(timeout_s)
-            taken: list[Write] = []
-            size = 0.0
-            while self._writes and (not taken or size + self._writes[0].est_bytes <= max_bytes):
-                write = self._writes.popleft()
-                size += write.est_bytes
-                self.queued_records -= write.count
-                self.queued_bytes -= write.est_bytes
-                self.taken_records += write.count
-                taken.append(write)
-                self._taken_seq = write.seq
-            if not self._writes:
-                self.queued_bytes = 0.0  # no drift from re-estimated sizes
-            if taken and on_take is not None:
-                on_take(taken)
-            return taken
+        while True:
+            with self._cond:
+                part: list[Write] = []
+                while (
+                    self._writes
+                    and len(part) < TAKE_WRITES_PER_HOLD
+                    and (not taken and not part or size + self._writes[0].est_bytes <= max_bytes)
+                ):
+                    write = self._writes.popleft()
+                    size += write.est_bytes
+                    self.queued_records -= write.count
+                    self.queued_bytes -= write.est_bytes
+                    self.taken_records += write.count
+                    part.append(write)
+                    self._taken_seq = write.seq
+                if not self._writes:
+                    self.queued_bytes = 0.0  # no drift from re-estimated sizes
+                if part and on_take is not None:
+                    on_take(part)
+                taken += part
+                if len(part) < TAKE_WRITES_PER_HOLD:
+                    return taken
 
     def done(self, writes: list[Write]) -> None:
         """Mark writes finished (accounted for); wakes ``wait_done``."""
         if not writes:
             return
+        records = sum(w.count for w in writes)  # outside the lock: a caller's put() may be waiting for it
         with self._cond:
             self._done_seq = max(self._done_seq, writes[-1].seq)
-            self.taken_records = max(0, self.taken_records - sum(w.count for w in writes))
+            self.taken_records = max(0, self.taken_records - records)
             self._cond.notify_all()
 
     def last_seq(self) -> int:

@@ -273,8 +273,8 @@ class UploadWorker:
     # -- the worker thread -----------------------------------------------------
 
     def _claim(self, writes: list[Write]) -> None:
-        # Runs under the queue's lock and calls no user code: from here on
-        # close() sees the taken records.
+        # Runs under the queue's lock, once per part of a take, and calls no
+        # user code: from here on close() sees the taken records.
         with self._lock:
             origins = Origins()
             start = 0
@@ -284,10 +284,12 @@ class UploadWorker:
             self._inflight[writes[0].seq] = self._ledgers(start, origins)
 
     def _group(self, writes: list[Write]) -> list[Group]:
-        """Swap the claim on ``writes`` for one per group; [] when close() took them meanwhile."""
+        """Swap the claims on ``writes`` for one per group; [] when close() took them meanwhile."""
         groups = Group.of(writes)
         with self._lock:
-            if self._inflight.pop(writes[0].seq, None) is None:
+            # One claim per part the queue handed over, keyed by its first write; close() clears all at once.
+            claims = [self._inflight.pop(w.seq, None) for w in writes]
+            if all(claim is None for claim in claims):
                 return []
             for group in groups:
                 self._inflight[group.key] = self._ledgers(group.count, group.origins)

@@ -14,7 +14,7 @@ from _run_helpers import MARKER, episodes, stored_episodes
 import prime_runs
 from prime_runs._delivery import DEADLINE, SINK_RETIRED
 from prime_runs._encoding import RunStamp
-from prime_runs._queue import RecordQueue, write_cap_bytes
+from prime_runs._queue import TAKE_WRITES_PER_HOLD, RecordQueue, write_cap_bytes
 from prime_runs._sink import Ledger, SinkStatus
 from prime_runs._size_meter import SizeMeter
 from prime_runs._traces_sink import TracesSink
@@ -284,6 +284,25 @@ def test_the_queue_counts_a_write_as_it_was_put_whatever_happens_to_the_list_lat
     # Drift would refuse this write although the queue is empty of records.
     assert queue.put([{"id": "f"}] * 100, "trace")[:2] == (True, None)
     assert queue.put([{"id": "g"}], "trace")[:2] == (False, "queue_full_records")
+
+
+def test_the_worker_takes_writes_a_few_per_hold_of_the_queue_lock():
+    # A caller's put() waits for the lock; taking hundreds of writes in one hold made it wait over a millisecond.
+    queue = RecordQueue(10_000, 10**12, SizeMeter())
+    for i in range(200):
+        assert queue.put([{"id": f"t{i}"}], "trace")[0]
+    parts: list[list[int]] = []
+    taken = queue.take(float("inf"), 0, on_take=lambda part: parts.append([w.seq for w in part]))
+    assert [len(p) for p in parts] == [TAKE_WRITES_PER_HOLD] * 3 + [200 - 3 * TAKE_WRITES_PER_HOLD]
+    assert [seq for p in parts for seq in p] == [w.seq for w in taken] == list(range(1, 201))
+    assert (queue.queued_records, queue.taken_records) == (0, 200)
+    worker = UploadWorker([GatedSink()])  # its thread never starts: the test takes as it would
+    for i in range(200):
+        assert worker._queue.put([{"id": f"t{i}"}], "trace")[0]
+    writes = worker._queue.take(float("inf"), 0, on_take=worker._claim)
+    assert len(worker._inflight) == 4  # one claim per hold, so close() sees each part as soon as it is taken
+    groups = worker._group(writes)
+    assert [g.count for g in groups] == [200] and list(worker._inflight) == [groups[0].key]
 
 
 def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_on(caplog):

@@ -222,3 +222,46 @@ def walk_record(value: Any) -> None:
                 stack.extend(v)
         elif t is float and v - v != 0.0:  # NaN and ±Infinity
             raise ValueError(v)
+
+
+_SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def measure_pauses(seconds: float = 4.0, threshold_s: float = 0.0003) -> dict[str, float]:
+    """How long this machine leaves a spinning thread without its core: alone, then crowded.
+
+    Crowded is as many other spinning processes as cores, so that three
+    threads want two cores, as in (e) and (f). A gap between two clock reads
+    of a loop that does nothing else is time the thread did not run.
+    """
+    alone = _spin_gaps(seconds, threshold_s)
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", _SPIN.format(seconds=seconds + 2)]) for _ in range(os.cpu_count() or 2)
+    ]
+    try:
+        crowded = _spin_gaps(seconds, threshold_s)
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+    return {
+        "seconds": seconds,
+        "alone_max_ms": max(alone, default=0.0) * 1e3,
+        "alone_over_1ms": sum(gap > 0.001 for gap in alone),
+        "crowded_max_ms": max(crowded, default=0.0) * 1e3,
+        "crowded_median_ms": sorted(crowded)[len(crowded) // 2] * 1e3 if crowded else 0.0,
+        "crowded_per_s": len(crowded) / seconds,
+    }
+
+
+def _spin_gaps(seconds: float, threshold_s: float) -> list[float]:
+    clock = time.perf_counter
+    end = clock() + seconds
+    gaps: list[float] = []
+    last = clock()
+    while last < end:
+        now = clock()
+        if now - last > threshold_s:
+            gaps.append(now - last)
+        last = now
+    return gaps

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from _loadgen import Templates, production_sizes
-from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
+from _loadtest_parts import Service, measure_ceiling, measure_pauses, start_producer, wait_producer
 from _loadtest_targets import slowest_call, verdicts
 
 from prime_runs._workload import generate_episode
@@ -300,6 +300,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
         test = LoadTest(args, tmp)
         ceiling = test.ceiling()
+        if not args.smoke:  # 8 s of spinning: what a preempted thread waits here
+            ceiling.update(measure_pauses())
         for name in args.scenarios.split(","):
             getattr(test, name.strip())()
     command = "python tools/loadtest.py " + " ".join(sys.argv[1:])
