@@ -38,7 +38,6 @@ from prime_traces._sizing import (
     UNPROBED_ITEMS,
     NonFinite,
     estimate,
-    lists_look_over,
     scan,
 )
 
@@ -276,8 +275,9 @@ class RecordEncoder:
     too. ``encode`` blocks for about one ``orjson.dumps`` of the record, and
     above ``chunk_threshold_bytes`` releases the GIL about every
     ``yield_interval_s``. An encoder holds only settings: share it between threads.
-    A chunked record is checked for depth piece by piece, so it may nest one
-    or two levels deeper than the 254 one ``orjson.dumps`` accepts.
+    A chunked record is checked for depth piece by piece (orjson counts the
+    levels of each piece from its own root): below values larger than a
+    piece it may nest deeper than the 254 levels one ``orjson.dumps`` accepts.
 
         encoder = RecordEncoder()
         line = encoder.encode({"id": "t-1", "timing": {"start": 1.75e9}}, 0) + b"\\n"
@@ -324,7 +324,8 @@ class RecordEncoder:
             record = form if isinstance(form, dict) else dict(form)
         try:
             threshold = self.chunk_threshold_bytes
-            if not lists_look_over(record, threshold) and scan(record, threshold) <= threshold:
+            # Scanned, never guessed: a guess can overshoot tenfold, and a small record must stay one dumps.
+            if scan(record, threshold) <= threshold:
                 return orjson.dumps(record, default=_default, option=_OPTIONS)
             chunker = _Chunker(self.piece_bytes, self.yield_interval_s)
             chunker.value(record, 0)

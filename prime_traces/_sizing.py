@@ -6,7 +6,8 @@ limit, estimating its encoded size and refusing NaN and ±Infinity (orjson would
 write them as ``null``): a return within the limit means every float in the value
 was checked. :func:`estimate` guesses a value's size from the first and last
 items of each list, in microseconds, so that a value plainly too big for a piece
-is not scanned for a piece's worth before the encoder descends into it.
+is not scanned for a piece's worth before the encoder descends into it (a wrong
+guess only cuts that value into smaller pieces).
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ def check_numbers(seq: Any) -> bool:
 def estimate(value: object, limit: int) -> int:
     """Guess value's encoded size from the first and last items of each list, checking nothing.
 
-    Items standing for the most siblings go first; stops once past limit, or after
-    ESTIMATE_NODES containers, so a wide value costs what a narrow one does.
+    Items standing for the most siblings go first. Stops once past limit, or
+    after taking ESTIMATE_NODES values off its heap (a dict's strings and
+    numbers are read in passing; a dict of more than that many values stands
+    on its first), so a wide value costs about what a narrow one does.
+    Guesses overshoot as well as undershoot: use one only to spare a scan.
     """
     np = sys.modules.get("numpy")
     size, nodes, order = 0, ESTIMATE_NODES, 0
@@ -100,17 +104,6 @@ def estimate(value: object, limit: int) -> int:
         else:
             size += times * INT_BYTES
     return size
-
-
-def lists_look_over(mapping: dict, limit: int) -> bool:
-    """Whether the lists of containers among mapping's values look bigger than limit together."""
-    guess = 0
-    for x in dict.values(mapping):
-        if type(x) is list and len(x) > 1 and type(x[0]) not in NUMBER and type(x[0]) is not str:
-            guess += estimate(x, limit - guess)
-            if guess > limit:
-                return True
-    return False
 
 
 def scan(value: object, limit: int, own_piece_items: int = 0) -> int:

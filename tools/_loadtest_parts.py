@@ -230,14 +230,13 @@ _SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic()
 def measure_pauses(seconds: float = 4.0, threshold_s: float = 0.0003) -> dict[str, float]:
     """How long this machine leaves a spinning thread without its core: alone, then crowded.
 
-    Crowded is as many other spinning processes as cores, so that three
-    threads want two cores, as in (e) and (f). A gap between two clock reads
+    Crowded is as many other spinning processes as cores, so that one more
+    thread wants the cores than there are (three for two here, as in (e) and (f)). A gap between two clock reads
     of a loop that does nothing else is time the thread did not run.
     """
     alone = _spin_gaps(seconds, threshold_s)
-    spinners = [
-        subprocess.Popen([sys.executable, "-c", _SPIN.format(seconds=seconds + 2)]) for _ in range(os.cpu_count() or 2)
-    ]
+    cores = os.cpu_count() or 2
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN.format(seconds=seconds + 2)]) for _ in range(cores)]
     try:
         crowded = _spin_gaps(seconds, threshold_s)
     finally:
@@ -246,6 +245,7 @@ def measure_pauses(seconds: float = 4.0, threshold_s: float = 0.0003) -> dict[st
             proc.wait()
     return {
         "seconds": seconds,
+        "cores": cores,
         "alone_max_ms": max(alone, default=0.0) * 1e3,
         "alone_over_1ms": sum(gap > 0.001 for gap in alone),
         "crowded_max_ms": max(crowded, default=0.0) * 1e3,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
+
 Rows = list[dict[str, Any]]
 
 
@@ -48,12 +50,14 @@ def _log_max(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bool] | None:
         f"the garbage collector {gc_ms:.2f} ms"
     )
     if "crowded_median_ms" in ceiling:  # measured before the scenarios (_loadtest_parts.measure_pauses)
+        cores = ceiling.get("cores", 2)
         text += (
             ". A thread waiting for the GIL while another runs Python waits at least a switch interval "
-            "(0.5 ms while a run uploads); a preempted thread waited "
-            f"{ceiling['crowded_median_ms']:.1f} ms at the median here (three spinning threads on two cores; "
-            f"at most {ceiling['crowded_max_ms']:.1f}); alone, a spinning thread lost its core for at most "
-            f"{ceiling['alone_max_ms']:.1f} ms in {ceiling['seconds']:.0f} s"
+            f"({DEFAULT_SWITCH_INTERVAL_S * 1e3:g} ms while a run uploads); a preempted thread waited "
+            f"{ceiling['crowded_median_ms']:.1f} ms at the median here ({cores + 1:.0f} spinning "
+            f"threads on {cores:.0f} cores; at most {ceiling['crowded_max_ms']:.1f}); alone, a "
+            f"spinning thread lost its core for at most {ceiling['alone_max_ms']:.1f} ms in "
+            f"{ceiling['seconds']:.0f} s"
         )
     return text, worst["log_max_ms"] <= 1.0
 
@@ -87,9 +91,9 @@ def _share_and_published(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bo
     )
     most, walk_ms, main_ms = share_bound(ours[0], ceiling)
     text += (
-        f"; no run can pass {most:.2f} here even with two cores fully busy: beyond the ceiling's operations "
-        f"it must walk the records to refuse NaN ({walk_ms:.2f} ms/MB) and produce them ({main_ms:.2f} ms/MB "
-        "on the producing thread)"
+        f"; this SDK cannot pass {most:.2f} here even with two cores fully busy: beyond the ceiling's "
+        f"operations it must walk the records to refuse NaN ({walk_ms:.2f} ms/MB) and the producer make and "
+        f"hand them over ({main_ms:.2f} ms/MB on its thread)"
     )
     ok = share >= 0.85
     if published:
@@ -138,14 +142,15 @@ def efficiency_bound(row: dict[str, Any], ceiling: dict[str, float]) -> float:
 
 
 def share_bound(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[float, float, float]:
-    """The highest share of the ceiling a run could reach on this machine: (share, walk ms/MB, producer ms/MB).
+    """The highest share of the ceiling this SDK could reach here: (share, walk ms/MB, producer ms/MB).
 
     The ceiling counts only what the wire contract makes both sides do. A run
     must also refuse NaN and ±Infinity, which orjson writes as ``null``: at
-    least one walk of every record (measured apart from the run); and its
-    producing thread spends CPU on the same two cores (as measured in the
-    run). With both cores busy all the time, the share is at most the
-    ceiling's CPU over the ceiling's CPU plus those two.
+    least one walk of every record (the load test's own walk, measured apart
+    from the run); and its producing thread spends CPU on the same two cores
+    (as measured in the run: the workload and ``log_episodes()``). With both
+    cores busy all the time, the share is at most the ceiling's CPU over the
+    ceiling's CPU plus those two.
     """
     mb = row["json_bytes"] / 1e6
     walk_s, main_s = ceiling["walk_s_per_mb"] * mb, row["main_thread_cpu_s"]
