@@ -274,14 +274,12 @@ class UploadWorker:
 
     def _claim(self, writes: list[Write]) -> None:
         # Runs under the queue's lock, once per part of a take, and calls no
-        # user code: from here on close() sees the taken records.
+        # user code: from here on close() sees the taken records. A claim only
+        # counts them (close() or _abandon() closes it, _group() swaps it for
+        # ledgers that know each record's origin), so it needs no Origins.
+        records = sum(w.count for w in writes)
         with self._lock:
-            origins = Origins()
-            start = 0
-            for write in writes:
-                origins.add(start, write.line_format, write.call)
-                start += write.count
-            self._inflight[writes[0].seq] = self._ledgers(start, origins)
+            self._inflight[writes[0].seq] = self._ledgers(records, None)
 
     def _group(self, writes: list[Write]) -> list[Group]:
         """Swap the claims on ``writes`` for one per group; [] when close() took them meanwhile."""
@@ -295,7 +293,7 @@ class UploadWorker:
                 self._inflight[group.key] = self._ledgers(group.count, group.origins)
         return groups
 
-    def _ledgers(self, records: int, origins: Origins) -> list[Ledger]:
+    def _ledgers(self, records: int, origins: Origins | None) -> list[Ledger]:
         return [Ledger(self.accounting, s.name, records, origins) for s in self.sinks]
 
     def _run(self) -> None:

@@ -12,13 +12,14 @@ from typing import Any
 from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 Rows = list[dict[str, Any]]
+Ceiling = dict[str, float]  # the machine's ceiling and its pauses, measured before the scenarios
 
 
 def _pick(rows: Rows, scenario: str, sdk: str = "ours", variant: str | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if r["scenario"] == scenario and r["sdk"] == sdk and variant in (None, r["variant"])]
 
 
-def _all_delivered(rows: Rows) -> tuple[str, bool] | None:
+def _all_delivered(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
     checked = _pick(rows, "a", variant="defaults") + _pick(rows, "b", variant="max_in_flight=8")
     if not checked:
         return None
@@ -37,7 +38,7 @@ def slowest_call(row: dict[str, Any]) -> tuple[float, float, float, float]:
     return ms, gc_ms, waits, preempted
 
 
-def _log_max(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bool] | None:
+def _log_max(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
     ours = [r for r in rows if r["sdk"] == "ours"]
     if not ours:
         return None
@@ -62,7 +63,7 @@ def _log_max(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bool] | None:
     return text, worst["log_max_ms"] <= 1.0
 
 
-def _lag(rows: Rows) -> tuple[str, bool] | None:
+def _lag(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
     probed = [r for r in rows if r["sdk"] == "ours" and r["lag_samples"]]
     if not probed:
         return None
@@ -70,7 +71,7 @@ def _lag(rows: Rows) -> tuple[str, bool] | None:
     return f"p99 {p99:.1f} ms, max {worst:.1f} ms", p99 <= 5.0 and worst <= 15.0
 
 
-def _share_and_published(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bool] | None:
+def _share_and_published(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
     ours, gzip, published = (
         _pick(rows, "a", variant="defaults"),
         _pick(rows, "a", variant="gzip"),
@@ -107,7 +108,7 @@ def _share_and_published(rows: Rows, ceiling: dict[str, float]) -> tuple[str, bo
     return text, ok
 
 
-def share_factors(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[float, float]:
+def share_factors(row: dict[str, Any], ceiling: Ceiling) -> tuple[float, float]:
     """A row's share of the ceiling as its two exact factors: CPU efficiency × how busy it kept two cores.
 
     Efficiency is the CPU the ceiling's operations need for the row's bytes
@@ -125,12 +126,12 @@ def _spent_s(row: dict[str, Any]) -> float:
     return row["cpu_s"] + row["service_cpu_s_all"]
 
 
-def _needed_s(row: dict[str, Any], ceiling: dict[str, float]) -> float:
+def _needed_s(row: dict[str, Any], ceiling: Ceiling) -> float:
     """CPU seconds the ceiling's operations need for the row's bytes."""
     return (ceiling["client_s_per_mb"] + ceiling["service_s_per_mb"]) * row["json_bytes"] / 1e6
 
 
-def efficiency_bound(row: dict[str, Any], ceiling: dict[str, float]) -> float:
+def efficiency_bound(row: dict[str, Any], ceiling: Ceiling) -> float:
     """The row's CPU efficiency had its upload thread cost only one ``orjson.dumps`` and one walk per record.
 
     Everything else (request threads, the rest of the producer, the service)
@@ -141,7 +142,7 @@ def efficiency_bound(row: dict[str, Any], ceiling: dict[str, float]) -> float:
     return _needed_s(row, ceiling) / (_spent_s(row) - row["upload_thread_cpu_s"] + floor)
 
 
-def share_bound(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[float, float, float]:
+def share_bound(row: dict[str, Any], ceiling: Ceiling) -> tuple[float, float, float]:
     """The highest share of the ceiling this SDK could reach here: (share, walk ms/MB, producer ms/MB).
 
     The ceiling counts only what the wire contract makes both sides do. A run
@@ -158,7 +159,7 @@ def share_bound(row: dict[str, Any], ceiling: dict[str, float]) -> tuple[float, 
     return needed / (needed + walk_s + main_s), walk_s / mb * 1e3, main_s / mb * 1e3
 
 
-def _window_speedup(rows: Rows) -> tuple[str, bool] | None:
+def _window_speedup(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
     one, eight = _pick(rows, "b", variant="max_in_flight=1"), _pick(rows, "b", variant="max_in_flight=8")
     if not (one and eight):
         return None
@@ -182,7 +183,7 @@ def _window_speedup(rows: Rows) -> tuple[str, bool] | None:
     return text, ratio >= 0.9 * bound
 
 
-def _poisoned(rows: Rows) -> tuple[str, bool] | None:
+def _poisoned(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
     ours = _pick(rows, "c")
     if not ours:
         return None
@@ -191,7 +192,7 @@ def _poisoned(rows: Rows) -> tuple[str, bool] | None:
     return f"lost {r['lost_all']}, failed {r['failed']}, named {named}", r["lost_all"] == r["failed"] == named == 1
 
 
-def _hung(rows: Rows) -> tuple[str, bool] | None:
+def _hung(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
     ours = _pick(rows, "d")
     if not ours:
         return None
@@ -200,7 +201,7 @@ def _hung(rows: Rows) -> tuple[str, bool] | None:
     return f"finish {r['finish_s']:.1f} s, spooled {r['spooled']} of {r['episodes']}, exit {r['exit_s']:.2f} s", ok
 
 
-def _two_producers(rows: Rows) -> tuple[str, bool] | None:
+def _two_producers(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
     alone, two, shared = (
         _pick(rows, "e", variant=v) for v in ("one producer", "two credentials", "one shared credential")
     )
@@ -213,7 +214,7 @@ def _two_producers(rows: Rows) -> tuple[str, bool] | None:
     return f"two credentials {two_rate / rate:.2f}x one producer, one shared {shared_rate / rate:.2f}x", ok
 
 
-def _memory(rows: Rows) -> tuple[str, bool] | None:
+def _memory(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
     a, f = _pick(rows, "a", variant="defaults"), _pick(rows, "f")
     if not (a or f):
         return None
@@ -227,7 +228,7 @@ def _memory(rows: Rows) -> tuple[str, bool] | None:
     return "; ".join(parts), ok
 
 
-TARGETS: list[tuple[str, Callable[..., tuple[str, bool] | None]]] = [
+TARGETS: list[tuple[str, Callable[[Rows, Ceiling], tuple[str, bool] | None]]] = [
     ("(a), (b at 8): every episode delivered, 0 dropped, 0 failed", _all_delivered),
     ("`log_episodes()` max ≤ 1 ms in every scenario", _log_max),
     ("event-loop lag while uploading: p99 ≤ 5 ms, max ≤ 15 ms", _lag),
@@ -240,11 +241,11 @@ TARGETS: list[tuple[str, Callable[..., tuple[str, bool] | None]]] = [
 ]
 
 
-def verdicts(rows: Rows, ceiling: dict[str, float]) -> str:
+def verdicts(rows: Rows, ceiling: Ceiling) -> str:
     """The targets as a markdown table: target, measured, PASS or FAIL."""
     lines = ["| target | measured | verdict |", "|---|---|---|"]
     for name, check in TARGETS:
-        result = check(rows, ceiling) if check in (_share_and_published, _log_max) else check(rows)
+        result = check(rows, ceiling)
         if result is not None:
             lines.append(f"| {name} | {result[0]} | {'PASS' if result[1] else 'FAIL'} |")
     return "\n".join(lines) + "\n"
