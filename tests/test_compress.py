@@ -9,9 +9,11 @@ import zlib
 import pytest
 import zstandard
 
+from prime_traces import _compress
 from prime_traces._compress import (
     DEFAULT_ZSTD_LEVEL,
     GZIP_LEVEL,
+    ISAL_GZIP_LEVEL,
     CodingSelector,
     advertises_zstd,
     compress,
@@ -23,10 +25,21 @@ BODY = b"".join(b'{"id": "t-%d", "nodes": [{"role": "user", "content": "hi"}]}\n
 
 def test_levels():
     assert GZIP_LEVEL == 1
+    assert ISAL_GZIP_LEVEL == 1
     assert DEFAULT_ZSTD_LEVEL >= 1
 
 
-def test_gzip_is_one_reproducible_member_with_mtime_zero():
+@pytest.fixture(params=["isal", "zlib"])
+def deflater(request, monkeypatch):
+    """gzip as the client codes it with ISA-L installed, then without it."""
+    if request.param == "isal":
+        pytest.importorskip("isal")
+    else:
+        monkeypatch.setattr(_compress, "_isal_zlib", None)
+    return request.param
+
+
+def test_gzip_is_one_reproducible_member_with_mtime_zero(deflater):
     first = compress(BODY, "gzip")
     assert first == compress(BODY, "gzip")
     assert first[:2] == b"\x1f\x8b"
@@ -37,9 +50,18 @@ def test_gzip_is_one_reproducible_member_with_mtime_zero():
     assert member.decompress(first) == BODY and member.eof and member.unused_data == b""
 
 
-def test_gzip_uses_level_one():
+def test_gzip_without_isal_is_zlibs_level_one(monkeypatch):
+    monkeypatch.setattr(_compress, "_isal_zlib", None)
     assert compress(BODY, "gzip") == gzip.compress(BODY, compresslevel=1, mtime=0)
     assert compress(BODY, "gzip") != gzip.compress(BODY, compresslevel=9, mtime=0)
+
+
+def test_gzip_with_isal_is_its_level_one_and_no_larger_than_zlibs():
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    coded = compress(BODY, "gzip")
+    assert coded == isal_zlib.compress(BODY, 1, wbits=31)
+    assert coded != isal_zlib.compress(BODY, 0, wbits=31)
+    assert len(coded) <= len(gzip.compress(BODY, compresslevel=1, mtime=0))
 
 
 def test_zstd_is_one_frame_with_content_size():

@@ -182,7 +182,7 @@ def _codecs() -> dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes], byt
         decompressor = zstandard.ZstdDecompressor()
         return (compressor.compress, decompressor.decompress)
 
-    return {
+    codecs = {
         "gzip-1": gz(1),
         "gzip-6": gz(6),
         "gzip-9": gz(9),
@@ -191,6 +191,12 @@ def _codecs() -> dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes], byt
         "zstd-2": zs(2),
         "zstd-3": zs(3),
     }
+    try:  # what the client sends as gzip when the isal package is installed
+        from isal import isal_zlib
+    except ImportError:
+        return codecs
+    codecs["isal-gzip-1"] = (lambda b: isal_zlib.compress(b, 1, wbits=31), lambda c: zlib.decompress(c, wbits=31))
+    return codecs
 
 
 def _cpu_s(fn: Callable[[bytes], bytes], data: bytes, repeat: int) -> tuple[float, bytes]:

@@ -263,6 +263,14 @@ COLUMNS: list[tuple[str, Any]] = [
 ]
 
 
+def _gzip_deflater() -> str:
+    from prime_traces import _compress
+
+    if _compress._isal_zlib is not None:
+        return "ISA-L's level 1 (the `isal` package is installed)"
+    return "zlib's level 1 (`isal` is not installed)"
+
+
 def markdown(rows: list[dict[str, Any]], ceiling: dict[str, float], command: str, scale: float) -> str:
     head = (
         f"{_MARK_BEGIN}\n## Load test (`tools/loadtest.py`)\n\n"
@@ -271,6 +279,7 @@ def markdown(rows: list[dict[str, Any]], ceiling: dict[str, float], command: str
         f"{ceiling['ceiling_mb_s']:.0f} MB/s (client {ceiling['client_s_per_mb'] * 1e3:.2f} ms/MB for orjson, "
         f"SHA-256 of the JSON and zstd-1; service {ceiling['service_s_per_mb'] * 1e3:.2f} ms/MB for "
         "decompression, the UTF-8 check, SHA-256 and counting lines; two cores). "
+        f"Forced gzip is {_gzip_deflater()}. "
         f"Our record encoder costs {ceiling['encoder_s_per_mb'] * 1e3:.2f} ms/MB on one core "
         f"({ceiling['encoder_s_per_mb'] / ceiling['dumps_s_per_mb']:.2f}x `orjson.dumps`): it holds the GIL, "
         f"so one process cannot encode faster than {1 / ceiling['encoder_s_per_mb']:.0f} MB/s. One walk of the "
