@@ -294,7 +294,9 @@ class Upload:
                 future.add_done_callback(functools.partial(self._finished, batch))
                 self.next_line = batch.line_indexes[-1] + 1
                 sent_any = True
-            if not self.window:
+            # Done once nothing of ours is in flight and nothing more will go. With
+            # lines left and the window full of other uploads' requests, wait for a slot.
+            if not self.window and (exhausted or self.failure is not None):
                 break
             if self._cancelled():
                 self._abandon()

@@ -139,6 +139,45 @@ def test_at_least_three_uploads_are_in_flight_at_once(tmp_path):
         assert svc.stats()["max_in_flight"][_producer()] >= 3
 
 
+def test_an_upload_waits_for_a_slot_another_uploads_request_holds(tmp_path):
+    """Two threads share one client's window: the one that finds it full waits; it never returns early."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_first_request() -> None:
+        if not held.is_set():
+            held.set()
+            release.wait(timeout=20)
+
+    with LocalTracesService(tmp_path / "db", before_upload=hold_the_first_request) as svc:
+        with client_for(svc, max_in_flight=1, compression="gzip") as client:
+            found_full = threading.Event()
+            try_reserve = client._window.try_reserve
+
+            def watched_try_reserve() -> bool:
+                reserved = try_reserve()
+                if not reserved and threading.current_thread().name == "second":
+                    found_full.set()
+                return reserved
+
+            client._window.try_reserve = watched_try_reserve
+            receipts: dict[str, list] = {}
+
+            def upload(prefix: str) -> None:
+                receipts[prefix] = client.upload_lines(lines_of(5, prefix=prefix), target_batch_bytes=1)
+
+            first = threading.Thread(target=upload, args=("a",), name="first")
+            first.start()
+            assert held.wait(timeout=20)  # the first upload's request holds the only slot
+            second = threading.Thread(target=upload, args=("b",), name="second")
+            second.start()
+            assert found_full.wait(timeout=20)
+            release.set()
+            first.join(timeout=30)
+            second.join(timeout=30)
+        assert [len(receipts["a"]), len(receipts["b"])] == [5, 5]
+        assert stored_trace_ids(svc) == {f"{p}-{i}" for p in "ab" for i in range(5)}
+
+
 def test_the_service_never_sees_more_than_max_in_flight(tmp_path):
     # Uploads pass the gate in pairs, so two are open at once whatever the load on the
     # machine; a third one sent early would be counted by the service.
