@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -265,24 +265,31 @@ class Upload:
     def _run(self, lines: Iterable[Any]) -> list[UploadReceipt]:
         batches = iter_batches(lines, target_batch_bytes=self.settings.target_batch_bytes)
         exhausted = False
-        sent_any = False
+        # A batch pulled before it had a slot: with nothing of ours in flight, the
+        # upload learns whether anything is left before it waits for a slot that
+        # other uploads of the client hold. The only batch it holds then.
+        pending: Batch | None = None
         while True:
             self._wake.clear()
             # Collect first: a failure seen now must stop the refill below.
             self._collect()
-            while not exhausted and self.failure is None and not self._cancelled() and self._reserve():
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    self.sender.window.unreserve()
-                    exhausted = True
+            while not exhausted and self.failure is None and not self._cancelled():
+                if pending is None and not self.window:
+                    pending, exhausted = self._pull(batches)
+                    if pending is None:
+                        break
+                if not self._reserve():
                     break
-                except Exception as err:  # a line or record that cannot be sent
-                    self.sender.window.unreserve()
-                    if not sent_any:
-                        raise
-                    self.failure = err
-                    break
+                batch = pending
+                if batch is None:
+                    try:
+                        batch, exhausted = self._pull(batches)
+                    finally:
+                        if batch is None:
+                            self.sender.window.unreserve()
+                    if batch is None:
+                        break
+                pending = None
                 try:
                     future = self.pool.submit(self.sender.send, batch, self.settings, self.cancel, True)
                 except BaseException:
@@ -293,7 +300,6 @@ class Upload:
                 self.window.append((batch, future))
                 future.add_done_callback(functools.partial(self._finished, batch))
                 self.next_line = batch.line_indexes[-1] + 1
-                sent_any = True
             # Done once nothing of ours is in flight and nothing more will go. With
             # lines left and the window full of other uploads' requests, wait for a slot.
             if not self.window and (exhausted or self.failure is not None):
@@ -309,6 +315,21 @@ class Upload:
         if not exhausted:
             self.report.unsent_from_line = self.next_line
         raise self._error(cancelled_early)
+
+    def _pull(self, batches: Iterator[Batch]) -> tuple[Batch | None, bool]:
+        """The next batch and whether the lines ran out; a line that cannot be sent stops the upload.
+
+        The first such line raises (nothing was sent); a later one becomes the failure.
+        """
+        try:
+            return next(batches), False
+        except StopIteration:
+            return None, True
+        except Exception as err:  # a line or record that cannot be sent
+            if not self.window and not self.report.batches:
+                raise
+            self.failure = err
+            return None, False
 
     def _reserve(self) -> bool:
         """Whether another batch may be queued now; if so, its place in the window is reserved."""

@@ -174,8 +174,53 @@ def test_an_upload_waits_for_a_slot_another_uploads_request_holds(tmp_path):
             release.set()
             first.join(timeout=30)
             second.join(timeout=30)
+            assert not first.is_alive() and not second.is_alive()
         assert [len(receipts["a"]), len(receipts["b"])] == [5, 5]
         assert stored_trace_ids(svc) == {f"{p}-{i}" for p in "ab" for i in range(5)}
+
+
+class Interrupted(BaseException):
+    """As a KeyboardInterrupt raised inside the caller's line generator."""
+
+
+@pytest.mark.parametrize("after", [0, 1])
+def test_an_interrupt_in_the_lines_gives_the_slot_back(service, after):
+    """Raised before any batch went (no slot held yet), or with one in flight (a slot reserved for the next)."""
+
+    def lines():
+        yield from lines_of(after, prefix="first")
+        raise Interrupted
+
+    with client_for(service, max_in_flight=2, compression="gzip") as client:
+        warm(client)
+        with pytest.raises(Interrupted):
+            client.upload_lines(lines(), target_batch_bytes=1)
+        assert client._window.waiting == 0
+        assert len(client.upload_lines(lines_of(3, prefix="after"), target_batch_bytes=1)) == 3
+
+
+def test_an_upload_whose_lines_all_went_returns_while_another_holds_every_slot(service):
+    """Its batch committed, it learns that no line is left without waiting for a slot."""
+    with client_for(service, max_in_flight=1, compression="gzip") as client:
+
+        def take_the_freed_slot(batch, _receipt) -> None:
+            # Runs on the uploading thread once its batch committed and gave its slot back:
+            # another upload of the client takes that slot, the only one, and keeps it.
+            assert client._window.try_reserve()
+
+        done: dict[str, list] = {}
+        upload = threading.Thread(
+            target=lambda: done.setdefault(
+                "receipts", client.upload_lines(lines_of(1), target_batch_bytes=1, on_batch=take_the_freed_slot)
+            )
+        )
+        upload.start()
+        upload.join(timeout=20)
+        returned_while_held = not upload.is_alive()
+        client._window.unreserve()
+        upload.join(timeout=20)
+        assert returned_while_held
+        assert len(done["receipts"]) == 1
 
 
 def test_the_service_never_sees_more_than_max_in_flight(tmp_path):
