@@ -23,15 +23,9 @@ from prime_traces._models import UploadReceipt
 from prime_traces._read_api import ReadAPI
 from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
 from prime_traces._runs_api import MAX_METRIC_ROWS_PER_REQUEST, RUN_KINDS, TERMINAL_STATUSES, RunsAPI
+from prime_traces._sender import DEFAULT_MAX_REFUSED_S, Sender, UploadSettings
 from prime_traces._transport import Transport
-from prime_traces._uploader import (
-    DEFAULT_ABANDON_AFTER_S,
-    DEFAULT_MAX_REFUSED_S,
-    OnBatch,
-    Sender,
-    Upload,
-    UploadSettings,
-)
+from prime_traces._uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Upload
 from prime_traces._window import InFlightWindow
 from prime_traces.config import READ_TIMEOUT_S, resolve_config
 from prime_traces.encoding import LineFormat

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import prime_traces._compress as compress_module
-import prime_traces._uploader as uploader_module
+import prime_traces._sender as sender_module
 from prime_traces import TracesClient
 from prime_traces._batching import iter_batches
 
@@ -133,10 +133,10 @@ def run_ours(
     clock starts and the uploader's ``compress`` just looks it up, which shows
     what the client and the service reach when compression costs nothing.
     """
-    saved_compress, saved_level = uploader_module.compress, compress_module.GZIP_LEVEL
+    saved_compress, saved_level = sender_module.compress, compress_module.GZIP_LEVEL
     if precompressed:
         ready = {_body_id(b.body): compress_module.compress(b.body, compression) for b in iter_batches(lines)}
-        uploader_module.compress = lambda body, coding, **_: ready[_body_id(body)]
+        sender_module.compress = lambda body, coding, **_: ready[_body_id(body)]
     service = start_service(tmp, args.latency_ms if latency_ms is None else latency_ms, args.bandwidth_mb_s)
     try:
         # compress() reads GZIP_LEVEL from its module's globals at call time.
@@ -159,7 +159,7 @@ def run_ours(
         stats = service.stats()
     finally:
         compress_module.GZIP_LEVEL = saved_level
-        uploader_module.compress = saved_compress
+        sender_module.compress = saved_compress
         service.stop()
     check_stats(label, stats, len(lines), len(receipts))
     result = Result(label, len(lines), sum(map(len, lines)), wall, cpu, service_cpu, foreign_cpu, stats)
