@@ -128,12 +128,16 @@ def log_one(sdk: Any, templates: Templates, index: int, size: int, poison: int |
         episode = poisoned(episode)
     # Neither read releases the GIL: one that did would let the call start with a fresh hold and move waits out.
     switches_before = _switches()
-    first_pause, cpu_before = len(_GC.pauses), time.thread_time()  # after the read above, which may allocate
+    first_pause = len(_GC.pauses)  # after the read above, which may allocate
+    # The CPU clock is read inside the wall clock's window, so the call's CPU never counts time outside
+    # it: an interrupt served on this thread's core between the two readings is charged to the thread.
     started = time.perf_counter()
+    cpu_before = time.thread_time()
     sdk.log(episode)
+    cpu_after = time.thread_time()
     ended = time.perf_counter()
     call_s.append(ended - started)
-    _CALL_CPU_S.append(time.thread_time() - cpu_before)
+    _CALL_CPU_S.append(cpu_after - cpu_before)
     _CALL_GC_S.append(_GC.inside(first_pause, started, ended))
     waits, preempted = (after - before for after, before in zip(_switches(), switches_before))
     _CALL_SWITCHES.append((waits, preempted))
