@@ -10,7 +10,6 @@ that failed, so it may be slow.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import enum
 import math
@@ -19,10 +18,12 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from prime_traces._sizing import native_items
+
 _MAX_DEPTH = 254  # orjson's nesting limit
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what orjson encodes
 # Types orjson encodes natively besides the JSON ones: never at fault here.
-_NATIVE = (datetime.datetime, datetime.date, datetime.time, uuid.UUID, enum.Enum)
+_NATIVE = (datetime.datetime, datetime.date, datetime.time, uuid.UUID)
 
 
 def _key_path(path: str, key: str) -> str:
@@ -47,7 +48,9 @@ def _problem(value: Any) -> str | None:
         return "is an integer too large for JSON (over 64 bits)"
     if np is not None and isinstance(value, (np.integer, np.bool_)):
         return None
-    if isinstance(value, _NATIVE) or dataclasses.is_dataclass(value):
+    if isinstance(value, enum.Enum):
+        return _problem(value.value)  # orjson writes a member as its value
+    if isinstance(value, _NATIVE):
         return None
     kind = type(value).__name__
     if isinstance(value, (set, frozenset)):
@@ -67,6 +70,9 @@ def _children(value: Any, path: str) -> Iterator[tuple[str, Any]] | str | None:
         return ((_key_path(path, k), v) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    native = native_items(value)
+    if native is not None:  # a dataclass, as orjson writes it
+        return ((_key_path(path, name), v) for name, v in native)
     if np is not None and isinstance(value, np.ndarray):
         if value.dtype.kind in "fc":
             bad = np.argwhere(~np.isfinite(value))

@@ -12,6 +12,8 @@ guess only cuts that value into smaller pieces).
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import heapq
 import math
 import sys
@@ -26,6 +28,22 @@ ESTIMATE_NODES = 64  # containers a guess looks at, at most
 
 class NonFinite(ValueError):
     """args[0] is the NaN or ±Infinity found."""
+
+
+def native_items(value: object) -> list[tuple[str, Any]] | None:
+    """What orjson writes of a dataclass instance, as (name, value) pairs; None for any other value.
+
+    orjson writes a dataclass's attributes (its ``__dict__``, or its fields
+    when it has slots) except those whose names start with an underscore, and
+    a NaN among them as ``null``, as anywhere else: the encoder must look in.
+    """
+    if not hasattr(type(value), "__dataclass_fields__") or isinstance(value, type):
+        return None
+    attributes = getattr(value, "__dict__", None)
+    if attributes is not None:
+        return [(name, item) for name, item in attributes.items() if not name.startswith("_")]
+    names = [field.name for field in dataclasses.fields(value)]  # type: ignore[arg-type]
+    return [(name, getattr(value, name)) for name in names if not name.startswith("_")]
 
 
 def check_numbers(seq: Any) -> bool:
@@ -167,8 +185,17 @@ def scan(value: object, limit: int, own_piece_items: int = 0) -> int:
                     raise NonFinite(v[~np.isfinite(v)].flat[0].item())
                 if v.dtype.kind == "O":
                     stack.extend(v.ravel().tolist())
-            else:
+            elif t is int or t is bool or v is None:
                 size += INT_BYTES
+            elif isinstance(v, enum.Enum):
+                stack.append(v.value)  # orjson writes a member as its value
+            else:
+                native = native_items(v)
+                if native is None:
+                    size += INT_BYTES
+                else:  # a dataclass: written as a dict of its public attributes
+                    size += 2 + 12 * len(native)
+                    stack.extend(item for _, item in native)
             if size > limit:
                 return size
         if not numbers:

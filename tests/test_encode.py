@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import enum
 import os
 import re
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 from unittest import mock
 
 import numpy as np
@@ -189,6 +192,28 @@ def test_a_guess_at_a_size_is_cheap_and_safe_on_any_value():
     assert 1000 < _sizing.estimate([wide, wide], 1000) < _sizing.estimate([wide, wide], 10**9)  # stops past the limit
 
 
+@dataclasses.dataclass
+class Score:
+    """orjson writes a dataclass's public attributes: a NaN there would become null."""
+
+    value: float
+    _cache: float = float("nan")  # private: orjson leaves it out, so it is never refused
+    unit: ClassVar[float] = float("nan")  # a class variable: left out too
+
+
+@dataclasses.dataclass(slots=True)
+class SlottedScore:
+    value: float
+    _cache: float = float("nan")
+
+
+class Level(enum.Enum):
+    """orjson writes a member as its value."""
+
+    UNKNOWN = float("nan")
+    GOOD = 1.0
+
+
 @pytest.mark.parametrize(
     "value",
     [
@@ -205,6 +230,9 @@ def test_a_guess_at_a_size_is_cheap_and_safe_on_any_value():
         np.array([0.0, 9.0, np.nan, 9.0])[::2],
         np.float32("inf"),
         np.float64("nan"),
+        Score(float("nan")),
+        [1.0, SlottedScore(-float("inf")), 2.0],
+        {"level": Level.UNKNOWN},
     ],
     ids=lambda value: repr(value)[:40],
 )
@@ -219,6 +247,21 @@ def test_nan_and_infinity_are_refused_naming_the_record(encoder, value):
         encoder.encode(record, 4)
     with tiny_limits(), pytest.raises(ValueError, match=r"^record 4: "):
         encoder.encode(record, 4)
+
+
+@pytest.mark.parametrize("encoder", [RecordEncoder(), chunking()], ids=["fast", "chunked"])
+def test_dataclasses_and_enums_encode_as_orjson_writes_them_and_a_nan_inside_is_refused(encoder):
+    score = Score(0.5)
+    record = {"id": "t-1", "scores": [score, SlottedScore(1.5)], "level": Level.GOOD}
+    # Their private attributes and class variables hold NaN, but orjson leaves those out.
+    assert (
+        encoder.encode(record, 2)
+        == orjson.dumps(record)
+        == b'{"id":"t-1","scores":[{"value":0.5},{"value":1.5}],"level":1.0}'
+    )
+    score.extra = float("inf")  # set on the instance: orjson writes it
+    with pytest.raises(ValueError, match=r"^record 2: scores\[0\]\.extra is Infinity; NaN and Infinity are not JSON$"):
+        encoder.encode(record, 2)
 
 
 def test_nan_inside_a_big_chunked_episode_is_refused():
