@@ -38,6 +38,7 @@ from prime_traces._sizing import (
     UNPROBED_ITEMS,
     NonFinite,
     estimate,
+    native_items,
     scan,
 )
 
@@ -124,6 +125,8 @@ class _Chunker:
             self._list(list.__getitem__(value, slice(None)), depth)
         elif np is not None and isinstance(value, np.ndarray) and value.ndim > 0 and len(value):
             self._array(value)
+        elif (native := native_items(value)) is not None:  # a dataclass: orjson writes it as this dict
+            self._dict(dict(native), depth)
         elif type(value) is str:  # JSON escapes per character: parts of a string encode to parts of its JSON
             self.out.write(b'"')
             for i in range(0, len(value), self.piece):

@@ -48,8 +48,6 @@ def _problem(value: Any) -> str | None:
         return "is an integer too large for JSON (over 64 bits)"
     if np is not None and isinstance(value, (np.integer, np.bool_)):
         return None
-    if isinstance(value, enum.Enum):
-        return _problem(value.value)  # orjson writes a member as its value
     if isinstance(value, _NATIVE):
         return None
     kind = type(value).__name__
@@ -63,6 +61,11 @@ def _problem(value: Any) -> str | None:
 def _children(value: Any, path: str) -> Iterator[tuple[str, Any]] | str | None:
     """The (path, child) pairs of a container; a problem text for a bad key; None for a scalar."""
     np = sys.modules.get("numpy")
+    if isinstance(value, enum.Enum) and not isinstance(value, (int, float, str)):
+        return iter([(path, value.value)])  # orjson writes a member as its value
+    native = native_items(value)
+    if native is not None:  # a dataclass: written as a dict of these
+        value = dict(native)
     if isinstance(value, Mapping):
         for key in value:
             if not isinstance(key, str):
@@ -70,9 +73,6 @@ def _children(value: Any, path: str) -> Iterator[tuple[str, Any]] | str | None:
         return ((_key_path(path, k), v) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    native = native_items(value)
-    if native is not None:  # a dataclass, as orjson writes it
-        return ((_key_path(path, name), v) for name, v in native)
     if np is not None and isinstance(value, np.ndarray):
         if value.dtype.kind in "fc":
             bad = np.argwhere(~np.isfinite(value))

@@ -26,24 +26,33 @@ UNPROBED_ITEMS = 64  # chunked: a list of this many other values is gone through
 ESTIMATE_NODES = 64  # containers a guess looks at, at most
 
 
+_UNSET = object()
+
+
 class NonFinite(ValueError):
     """args[0] is the NaN or ±Infinity found."""
 
 
-def native_items(value: object) -> list[tuple[str, Any]] | None:
+def native_items(value: object) -> list[tuple[Any, Any]] | None:
     """What orjson writes of a dataclass instance, as (name, value) pairs; None for any other value.
 
-    orjson writes a dataclass's attributes (its ``__dict__``, or its fields
-    when it has slots) except those whose names start with an underscore, and
-    a NaN among them as ``null``, as anywhere else: the encoder must look in.
+    orjson takes a value for a dataclass only when its type itself was made
+    one (``__dataclass_fields__`` in the type's own ``__dict__``), and writes
+    the instance's ``__dict__``, or its fields when the type itself declares
+    ``__slots__``, leaving out names that start with an underscore; a NaN
+    among them becomes ``null``, as anywhere else, so the walk below and the
+    locator look in. A name that is not a string is kept (orjson refuses it);
+    a slot never set is left out.
     """
-    if not hasattr(type(value), "__dataclass_fields__") or isinstance(value, type):
+    kind = type(value)
+    if "__dataclass_fields__" not in kind.__dict__:
         return None
-    attributes = getattr(value, "__dict__", None)
+    attributes = None if "__slots__" in kind.__dict__ else getattr(value, "__dict__", None)
     if attributes is not None:
-        return [(name, item) for name, item in attributes.items() if not name.startswith("_")]
-    names = [field.name for field in dataclasses.fields(value)]  # type: ignore[arg-type]
-    return [(name, getattr(value, name)) for name in names if not name.startswith("_")]
+        pairs = list(attributes.items())
+    else:
+        pairs = [(field.name, getattr(value, field.name, _UNSET)) for field in dataclasses.fields(value)]  # type: ignore[arg-type]
+    return [(name, item) for name, item in pairs if item is not _UNSET and not (type(name) is str and name[:1] == "_")]
 
 
 def check_numbers(seq: Any) -> bool:
@@ -188,6 +197,7 @@ def scan(value: object, limit: int, own_piece_items: int = 0) -> int:
             elif t is int or t is bool or v is None:
                 size += INT_BYTES
             elif isinstance(v, enum.Enum):
+                size += INT_BYTES  # so that a member whose value leads back to it still ends the walk
                 stack.append(v.value)  # orjson writes a member as its value
             else:
                 native = native_items(v)

@@ -264,6 +264,71 @@ def test_dataclasses_and_enums_encode_as_orjson_writes_them_and_a_nan_inside_is_
         encoder.encode(record, 2)
 
 
+class Tagged:
+    """A plain mixin: it gives a slots dataclass built on it a __dict__, which orjson does not write."""
+
+
+@dataclasses.dataclass(slots=True)
+class TaggedScore(Tagged):
+    value: float
+
+
+@dataclasses.dataclass
+class Base:
+    a: float
+
+
+@dataclasses.dataclass(slots=True)
+class SlotsOnBase(Base):
+    b: float = 2.0
+
+
+class NotADataclass(Base):
+    """A plain subclass of a dataclass: orjson does not take it for one."""
+
+
+class Bundle(enum.Enum):
+    LOGPROBS = [0.5, float("nan")]
+
+
+@pytest.mark.parametrize("encoder", [RecordEncoder(), chunking()], ids=["fast", "chunked"])
+def test_dataclasses_are_read_as_orjson_reads_them(encoder):
+    # A slots dataclass writes its fields, even when a base class gives it a __dict__.
+    with pytest.raises(ValueError, match=r"^record 1: v\.value is NaN; NaN and Infinity are not JSON$"):
+        encoder.encode({"v": TaggedScore(float("nan"))}, 1)
+    with pytest.raises(ValueError, match=r"^record 1: v\.a is Infinity; NaN and Infinity are not JSON$"):
+        encoder.encode({"v": SlotsOnBase(float("inf"))}, 1)
+    on_base = SlotsOnBase(1.0)
+    on_base.dynamic = float("nan")  # in the base's __dict__, which orjson leaves out for a slots dataclass
+    assert encoder.encode({"v": on_base}, 1) == orjson.dumps({"v": on_base}) == b'{"v":{"a":1.0,"b":2.0}}'
+    # A subclass that is not itself a dataclass is no dataclass to orjson: refused as a type, not for its NaN.
+    with pytest.raises(TypeError, match=r"^record 1: v is a NotADataclass, which JSON cannot hold$"):
+        encoder.encode({"v": NotADataclass(float("nan"))}, 1)
+    # An Enum member holding a list: the NaN inside is named.
+    with pytest.raises(ValueError, match=r"^record 1: v\[1\] is NaN; NaN and Infinity are not JSON$"):
+        encoder.encode({"v": Bundle.LOGPROBS}, 1)
+
+
+def test_a_big_dataclass_is_cut_into_pieces_like_a_dict():
+    @dataclasses.dataclass
+    class Trace:
+        messages: list
+
+    record = {"trace": Trace([{"content": "x" * 100, "n": i} for i in range(3000)])}
+    real_emit = _encode._Chunker._emit
+    with mock.patch.object(_encode._Chunker, "_emit", autospec=True, side_effect=real_emit) as emit:
+        assert RecordEncoder(chunk_threshold_bytes=0, piece_bytes=4096).encode(record, 0) == orjson.dumps(record)
+    assert emit.call_count > 50  # about 4 KB each, not one dumps of the whole dataclass (360 KB)
+
+
+def test_the_walk_ends_on_an_enum_member_whose_value_is_itself():
+    class Loop(enum.Enum):
+        A = 1
+
+    Loop.A._value_ = Loop.A
+    assert _sizing.scan({"v": Loop.A}, 10_000) > 10_000
+
+
 def test_nan_inside_a_big_chunked_episode_is_refused():
     episode = generate_episode(5, target_bytes=2_000_000, now=NOW)
     episode["traces"][-1]["calls"][-1]["logprobs"][-7] = float("nan")
