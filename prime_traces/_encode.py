@@ -46,7 +46,8 @@ CHUNK_THRESHOLD_BYTES = 256_000  # estimated output size above which a record is
 PIECE_BYTES = 64 * 1024
 YIELD_INTERVAL_S = 0.001
 
-_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+# Dataclasses come to _default: orjson's own path crashes the process on a slot never set (3.13).
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_PASSTHROUGH_DATACLASS
 _MAX_DEPTH = 254  # orjson's own nesting limit; also ends a cycle in the chunked path
 _OWN_PIECE_ITEMS = 1024  # chunked: a list of this many numbers is checked through its own pieces
 _SEGMENT_BYTES = 4 << 20  # growing one buffer to the whole output would copy it all at times
@@ -69,6 +70,9 @@ class _Unencodable(TypeError):
 
 
 def _default(obj: object) -> object:
+    native = native_items(obj)
+    if native is not None:
+        return dict(native)  # what orjson writes of a dataclass, as the check walk reads it
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
         return obj.tolist()  # not C-contiguous, or a dtype orjson has no native path for

@@ -309,6 +309,25 @@ def test_dataclasses_are_read_as_orjson_reads_them(encoder):
         encoder.encode({"v": Bundle.LOGPROBS}, 1)
 
 
+@dataclasses.dataclass(slots=True)
+class Later:
+    step: int
+    reward: float = dataclasses.field(init=False)  # set later, if ever
+
+
+@pytest.mark.parametrize("encoder", [RecordEncoder(), chunking()], ids=["fast", "chunked"])
+def test_a_dataclass_orjson_would_crash_on_is_written_without_its_unset_slot(encoder):
+    # orjson 3.13 writing this itself kills the process (SIGSEGV), and an attribute named "" too (SIGILL).
+    later = Later(3)
+    assert encoder.encode({"v": later}, 0) == b'{"v":{"step":3}}'
+    blank = Score(0.5)
+    setattr(blank, "", 1)
+    assert encoder.encode({"v": blank}, 0) == b'{"v":{"value":0.5,"":1}}'
+    later.reward = float("nan")
+    with pytest.raises(ValueError, match=r"^record 0: v\.reward is NaN; NaN and Infinity are not JSON$"):
+        encoder.encode({"v": later}, 0)
+
+
 def test_a_big_dataclass_is_cut_into_pieces_like_a_dict():
     @dataclasses.dataclass
     class Trace:
