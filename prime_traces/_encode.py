@@ -72,7 +72,7 @@ class _Unencodable(TypeError):
 def _default(obj: object) -> object:
     native = native_items(obj)
     if native is not None:
-        return dict(native)  # what orjson writes of a dataclass, as the check walk reads it
+        return native  # what orjson writes of a dataclass, as the check walk reads it
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
         return obj.tolist()  # not C-contiguous, or a dtype orjson has no native path for
@@ -130,7 +130,7 @@ class _Chunker:
         elif np is not None and isinstance(value, np.ndarray) and value.ndim > 0 and len(value):
             self._array(value)
         elif (native := native_items(value)) is not None:  # a dataclass: orjson writes it as this dict
-            self._dict(dict(native), depth)
+            self._dict(native, depth)
         elif type(value) is str:  # JSON escapes per character: parts of a string encode to parts of its JSON
             self.out.write(b'"')
             for i in range(0, len(value), self.piece):

@@ -64,8 +64,8 @@ def _children(value: Any, path: str) -> Iterator[tuple[str, Any]] | str | None:
     if isinstance(value, enum.Enum) and not isinstance(value, (int, float, str)):
         return iter([(path, value.value)])  # orjson writes a member as its value
     native = native_items(value)
-    if native is not None:  # a dataclass: written as a dict of these
-        value = dict(native)
+    if native is not None:  # a dataclass: written as this dict
+        value = native
     if isinstance(value, Mapping):
         for key in value:
             if not isinstance(key, str):

@@ -33,8 +33,8 @@ class NonFinite(ValueError):
     """args[0] is the NaN or ±Infinity found."""
 
 
-def native_items(value: object) -> list[tuple[Any, Any]] | None:
-    """What orjson writes of a dataclass instance, as (name, value) pairs; None for any other value.
+def native_items(value: object) -> dict[Any, Any] | None:
+    """What orjson writes of a dataclass instance, as a dict of name to value; None for any other value.
 
     orjson takes a value for a dataclass only when its type itself was made
     one (``__dataclass_fields__`` in the type's own ``__dict__``), and writes
@@ -52,7 +52,7 @@ def native_items(value: object) -> list[tuple[Any, Any]] | None:
         pairs = list(attributes.items())
     else:
         pairs = [(field.name, getattr(value, field.name, _UNSET)) for field in dataclasses.fields(value)]  # type: ignore[arg-type]
-    return [(name, item) for name, item in pairs if item is not _UNSET and not (type(name) is str and name[:1] == "_")]
+    return {name: item for name, item in pairs if item is not _UNSET and not (type(name) is str and name[:1] == "_")}
 
 
 def check_numbers(seq: Any) -> bool:
@@ -205,7 +205,7 @@ def scan(value: object, limit: int, own_piece_items: int = 0) -> int:
                     size += INT_BYTES
                 else:  # a dataclass: written as a dict of its public attributes
                     size += 2 + 12 * len(native)
-                    stack.extend(item for _, item in native)
+                    stack.extend(native.values())
             if size > limit:
                 return size
         if not numbers:
