@@ -76,6 +76,8 @@ class Delivery:
         self.retired: set[str] = set()
         self._strikes = {s.name: 0 for s in self.sinks}
         self._spool_noted: set[str] = set()
+        # Two writes may end at once (see prime_runs._lanes): strikes, retirements and notes change under it.
+        self._lock = threading.Lock()
 
     def deliver(self, records: Sequence[Any], line_format: str, ledgers: Sequence[Ledger]) -> None:
         """Write ``records`` to every sink (one ledger each), then keep or count what is left."""
@@ -117,8 +119,11 @@ class Delivery:
                     exc_info=True,
                 )
                 lost = f"spool_error:{type(err).__name__}"
-            if spooled and sink.name not in self._spool_noted:
-                self._spool_noted.add(sink.name)
+            with self._lock:
+                first = bool(spooled) and sink.name not in self._spool_noted
+                if first:
+                    self._spool_noted.add(sink.name)
+            if first:
                 why = ", ".join(sorted({g.reason for g in groups}))
                 logger.warning(
                     "%s sink: records not delivered (%s) are kept in %s; `prime-runs sync %s` uploads them",
@@ -132,8 +137,9 @@ class Delivery:
         ledger.close(lost, keep_reasons=False)
 
     def _after_write(self, sink: Sink, ledger: Ledger, status: SinkStatus) -> None:
-        if status is SinkStatus.PERMANENT and sink.name not in self.retired:
-            self.retired.add(sink.name)
+        with self._lock:
+            retired_now = self._count(sink, status)
+        if retired_now and status is SinkStatus.PERMANENT:
             kept = "kept on disk for `prime-runs sync`" if spool_of(sink) else "counted as failed"
             why = getattr(sink, "permanent_refusal", None) or ", ".join(sorted(ledger.failures)) or "refused"
             logger.error(
@@ -144,23 +150,34 @@ class Delivery:
                 kept,
                 SINK_RETIRED,
             )
-        elif status is SinkStatus.TRANSIENT and spool_of(sink) is None:
-            # With a spool nothing is lost by going on (an outage waits on disk): only a sink
-            # without one is retired after failing writes in a row, to stop spending requests.
-            self._strikes[sink.name] += 1
-            if self._strikes[sink.name] >= STRIKES_TO_RETIRE and sink.name not in self.retired:
-                self.retired.add(sink.name)
-                logger.error(
-                    "sink %s failed %d writes in a row and is retired for the rest of the run; "
-                    "its records are counted as failed (%s)",
-                    sink.name,
-                    STRIKES_TO_RETIRE,
-                    SINK_RETIRED,
-                )
-        else:
-            self._strikes[sink.name] = 0
+        elif retired_now:
+            logger.error(
+                "sink %s failed %d writes in a row and is retired for the rest of the run; "
+                "its records are counted as failed (%s)",
+                sink.name,
+                STRIKES_TO_RETIRE,
+                SINK_RETIRED,
+            )
         if ledger.failures:
             self.report_failures({sink.name: dict(ledger.failures)}, ledger)
+
+    def _count(self, sink: Sink, status: SinkStatus) -> bool:
+        """Count a write's outcome toward retirement (under the lock); whether the sink retires now."""
+        if sink.name in self.retired:
+            return False
+        if status is SinkStatus.PERMANENT:
+            self.retired.add(sink.name)
+            return True
+        if status is SinkStatus.TRANSIENT and spool_of(sink) is None:
+            # With a spool nothing is lost by going on (an outage waits on disk): only a sink without
+            # one is retired after failing writes in a row (in the order they end), to stop spending requests.
+            self._strikes[sink.name] += 1
+            if self._strikes[sink.name] >= STRIKES_TO_RETIRE:
+                self.retired.add(sink.name)
+                return True
+            return False
+        self._strikes[sink.name] = 0
+        return False
 
     def report_failures(self, failures: dict[str, dict[str, int]], ledger: Ledger | None = None) -> None:
         """Tell ``on_error`` about records that failed, one ``SinkError`` per sink; it may not raise into us."""

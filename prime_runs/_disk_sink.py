@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 class DiskSink:
     """Writes each write's records to a :class:`RecordFiles` as segment entries.
 
-    ``write`` runs on the worker thread and blocks on local disk I/O only. It
+    ``write`` runs on the worker's threads, one write at a time (it never
+    says ``ledger.encoded()``), and blocks on local disk I/O only. It
     stops between entries once ``cancel`` is set; what it has not written
     is left for the worker, which spools it to the same files. Records count
     as ``stored`` once fsynced. With ``validate``, records that break a line

@@ -1,4 +1,4 @@
-"""Records to JSONL lines, on the worker thread: run stamping and lazy encoding.
+"""Records to JSONL lines, on the worker's threads: run stamping and lazy encoding.
 
 Records are stamped with the run (contract §7: ``run.id`` and ``run.type``
 on the envelope and on every member trace, other ``run`` keys kept) on

@@ -44,10 +44,11 @@ OnResynced = Callable[[int, int], Any]
 class Outage:
     """The outage state of one sink, its probe, and the resync of its spool.
 
-    ``enter()`` is called by the sink's worker thread; ``down`` may be read
-    from any thread. ``on_resynced(records, bytes)`` is told what the resync
-    stored. ``close()`` stops the probe and abandons a resync in progress
-    (what it did not send stays for ``prime-runs sync``); it never waits.
+    ``enter()`` is called by the threads that write to the sink (two writes may
+    be in progress at once); ``down`` may be read from any thread.
+    ``on_resynced(records, bytes)`` is told what the resync stored. ``close()``
+    stops the probe and abandons a resync in progress (what it did not send
+    stays for ``prime-runs sync``); it never waits.
     """
 
     def __init__(

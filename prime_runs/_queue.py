@@ -38,12 +38,12 @@ def write_cap_bytes(max_in_flight: int, max_queued_bytes: int, batch_bytes: int 
     """How many estimated bytes of records one write of the worker may take.
 
     The worker encodes a write's next batches while its earlier ones upload,
-    but waits for its last ones to commit before it takes the next write:
-    each write ends with the encoder idle for a batch's compression, network
-    time and ingest, so fewer, larger writes idle it less. A write's records
-    count as held until the whole write is done, though, so the cap stays
-    within a quarter of ``max_queued_bytes`` (and never under one batch per
-    slot), leaving the queue room for what the run logs meanwhile.
+    and the next write while the last one's final batches upload; fewer,
+    larger writes still cost fewer uploads' slow ends and starts. A write's
+    records count as held until the whole write is done, though, and two
+    writes may be in progress at once, so the cap stays within a quarter of
+    ``max_queued_bytes`` (and never under one batch per slot), leaving the
+    queue at least half of it for what the run logs meanwhile.
     """
     per_slot = max_in_flight * batch_bytes
     return min(WRITE_BATCHES_PER_SLOT * per_slot, max(per_slot, max_queued_bytes // 4))
@@ -125,7 +125,8 @@ class RecordQueue:
                 self._next_seq += 1
                 self.queued_records += count
                 self.queued_bytes += est
-                self._cond.notify()
+                # All: flush() and close() wait on this condition too, and must not take the worker's wake-up.
+                self._cond.notify_all()
                 return True, None, call
             self.burst.writes += 1
             self.burst.records += count
@@ -133,9 +134,16 @@ class RecordQueue:
             return False, reason, call
 
     def take(
-        self, max_bytes: float, timeout_s: float | None, on_take: Callable[[list[Write]], None] | None = None
+        self,
+        max_bytes: float,
+        timeout_s: float | None,
+        on_take: Callable[[list[Write]], None] | None = None,
+        stop_waiting: Callable[[], bool] | None = None,
     ) -> list[Write]:
-        """Up to ``max_bytes`` (estimated) of writes, at least one; [] on timeout or close.
+        """Up to ``max_bytes`` (estimated) of writes, at least one; [] on timeout, close or :meth:`wake`.
+
+        ``stop_waiting`` is asked under the queue's lock before it waits:
+        when it says so, [] at once (what it reads is set before ``wake``).
 
         The writes are taken ``TAKE_WRITES_PER_HOLD`` at a time, the lock let
         go between: a caller's ``put`` never waits for more than that many.
@@ -145,7 +153,7 @@ class RecordQueue:
         taken: list[Write] = []
         size = 0.0
         with self._cond:
-            if not self._writes and not self._closed:
+            if not self._writes and not self._closed and not (stop_waiting is not None and stop_waiting()):
                 self._cond.wait(timeout_s)
         while True:
             with self._cond:
@@ -178,6 +186,11 @@ class RecordQueue:
         with self._cond:
             self._done_seq = max(self._done_seq, writes[-1].seq)
             self.taken_records = max(0, self.taken_records - records)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """End a ``take`` waiting for writes now (it returns [] if none came)."""
+        with self._cond:
             self._cond.notify_all()
 
     def last_seq(self) -> int:

@@ -20,7 +20,7 @@ import bisect
 import enum
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -112,6 +112,15 @@ class Ledger:
         self._state = bytearray(records)
         self._lock = threading.Lock()
         self._closed = False
+        #: Called by a sink (at most once) when every record of its write is encoded and only the
+        #: write's last uploads are left to wait for: the worker may start the next write then.
+        self.on_encoded: Callable[[], Any] | None = None
+
+    def encoded(self) -> None:
+        """Tell the worker that this write needs no more encoding for now (see :attr:`on_encoded`)."""
+        on_encoded, self.on_encoded = self.on_encoded, None
+        if on_encoded is not None:
+            on_encoded()
 
     def _settle(self, indexes: Iterable[int], accept: tuple[int, ...] = (_OPEN,)) -> list[int]:
         # Under the lock: the indexes that were in one of ``accept``, now settled.
@@ -238,7 +247,12 @@ class Ledger:
 
 
 class Sink(Protocol):
-    """Where records go. ``write`` runs on the worker thread only."""
+    """Where records go. ``write`` runs on the worker's threads.
+
+    One write at a time per sink, unless the sink calls ``ledger.encoded()``
+    (see :attr:`Ledger.on_encoded`): the worker may then hand it the next
+    write while the last one still waits for its uploads.
+    """
 
     name: str
 

@@ -59,7 +59,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prime_runs._encoding import EncodedWrite, RunStamp, id_of
@@ -96,6 +96,12 @@ PERMANENT_STATUSES = frozenset({401, 402, 403, 404})
 
 def _is_server_error(outcome: BatchOutcome) -> bool:
     return getattr(outcome.error, "status_code", None) == 500
+
+
+def _then(lines: Iterable[Any], call: Callable[[], Any]) -> Iterator[Any]:
+    """``lines``, then ``call()`` once they ran out (not when the upload stops pulling before)."""
+    yield from lines
+    call()
 
 
 class UploadSink(Protocol):
@@ -188,13 +194,16 @@ class SinkWrite:
         subset = [self.records[i] for i in group]  # references only: no record is copied
         # The meter learns each record's size once, not again when it is resent.
         meter = self.sink.meter if self.first_pass else None
-        self.first_pass = False
+        first_pass, self.first_pass = self.first_pass, False
         # The contract's line rules, checked here: a record the service would refuse costs no request.
         check = functools.partial(check_record, line_format=self.line_format, now=time.time())
         encoded = EncodedWrite(
             subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group, check=check
         )
         announced: set[int] = set()
+        # Once the first pass has encoded every record, the worker may start encoding the next
+        # write while this one's last batches upload.
+        lines = _then(encoded, self.ledger.encoded) if first_pass else encoded
 
         def on_batch(batch: Any, _receipt: Any) -> None:
             announced.add(batch.index)
@@ -203,7 +212,7 @@ class SinkWrite:
 
         try:
             self.sink.client.upload_lines(
-                encoded,
+                lines,
                 line_format=self.line_format,
                 context=self.sink.context,
                 target_batch_bytes=self.sink.target_batch_bytes,

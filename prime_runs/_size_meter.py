@@ -16,8 +16,10 @@ class SizeMeter:
     a run whose records grow tenfold is bounded by their new size from the
     first one the worker sees, and one outlier does not shrink the queue for
     long. ``mean_bytes`` is the plain running mean, for reports. Only the
-    worker thread writes it, and a float read is atomic under the GIL, so it
-    needs no lock (and a fork can never catch one held).
+    thread encoding a write's first pass writes it (one at a time: the next
+    write starts once the last one's first pass ended), and a float read is
+    atomic under the GIL, so it needs no lock (and a fork can never catch
+    one held).
     """
 
     DECAY = 0.1

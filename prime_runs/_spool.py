@@ -4,8 +4,8 @@
 directory (one per line format, one for rejected records). :class:`Spool`
 writes into it what a sink left undelivered (the service failed, the sink
 retired, the deadline came) and sets aside what was refused for its own
-fault. Both run on the worker thread, or on the thread that finishes the
-run, and block on local disk only, within the deadline they are given.
+fault. Both run on the worker's threads (two writes' at once, at most), or
+on the thread that finishes the run, and block on local disk only, within the deadline they are given.
 
 Records that went out together as one upload whose fate is unknown (its
 answer never came) are spooled as one ``batch`` entry, re-encoded byte for

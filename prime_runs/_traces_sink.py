@@ -40,12 +40,15 @@ WARNING_INTERVAL_S = 60.0
 class TracesSink:
     """Uploads each write to the Traces service, accounting for every record.
 
-    ``write`` runs on the worker thread. It blocks while it uploads, and
-    returns promptly once ``cancel`` is set. It reports each record at most
+    ``write`` runs on one of the worker's threads. It blocks while it
+    uploads, and returns promptly once ``cancel`` is set. Once it has encoded
+    every record of a write it says so (``ledger.encoded()``), and the
+    worker may start the next write, on another thread, while this one's
+    last batches upload: two writes may be in progress at once. It reports each record at most
     once into the ledger: ``stored`` as its batch commits, ``rejected`` with
     ``invalid_record`` or ``rejected:<code>``, or ``undelivered`` (``transient``,
     ``refused:<code>``, ``deadline``) for the worker to spool to ``spool``.
-    Not thread-safe: one worker drives it. A client passed with
+    Driven by one worker. A client passed with
     ``owns_client=True`` is closed by :meth:`close`.
 
     Usage::

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import threading
@@ -12,9 +11,11 @@ from typing import Any
 
 from prime_runs import _switch_interval as switch_interval
 from prime_runs._accounting import Accounting, LossListener
+from prime_runs._claims import Claims
 from prime_runs._delivery import DEADLINE, Delivery, Group, spool_of
+from prime_runs._lanes import Lane, Lanes
 from prime_runs._queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, RecordQueue, Write, write_cap_bytes
-from prime_runs._sink import METHODS, Ledger, Origins, Sink
+from prime_runs._sink import METHODS, Sink
 from prime_runs._size_meter import SizeMeter
 from prime_runs._spool import SPILL_TIMEOUT
 from prime_runs.errors import SinkError
@@ -33,14 +34,16 @@ DEFAULT_SPILL_TIMEOUT_S = 30.0
 
 
 class UploadWorker:
-    """Hands submitted records to sinks on one daemon thread; ``submit`` never blocks.
+    """Hands submitted records to sinks on daemon threads; ``submit`` never blocks.
 
     ``submit`` costs O(1) in the size of the records: it takes a lock for
     bookkeeping only, and drops (and counts, with the reason) a write that
     does not fit the queue, which is bounded by records and by estimated
     bytes. The worker takes up to ``write_cap_bytes`` at a time and hands it
     to the sinks through :class:`~prime_runs._delivery.Delivery` (retirement,
-    spooling, setting aside). ``on_error`` hears of records that failed,
+    spooling, setting aside), each write on a thread of its own: the next
+    write is encoded while the last one's final batches upload, two at most
+    (:mod:`prime_runs._lanes`). ``on_error`` hears of records that failed,
     ``on_loss`` of every record lost (see ``Accounting``), and ``tick`` runs
     every ``tick_interval_s`` on the worker thread. While the thread has
     writes to handle (not while it waits for them), the interpreter's switch
@@ -49,7 +52,7 @@ class UploadWorker:
     ``flush`` and ``close`` wait up to their timeout; ``close`` then cancels
     the sinks, spools everything left within ``spill_timeout_s`` more, and
     accounts for the rest, so ``submitted = stored + dropped + failed +
-    spooled`` holds per sink. The thread is a daemon and is never joined:
+    spooled`` holds per sink. The threads are daemons and are never joined:
     the process can always exit.
 
     Usage::
@@ -106,7 +109,8 @@ class UploadWorker:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._switch_hold = switch_interval.BusyHold(self.switch_interval_s)
-        self._inflight: dict[int, list[Ledger]] = {}
+        self._lanes = Lanes(self.name, self._queue.done, self._queue.wake)
+        self._claims = Claims([s.name for s in self.sinks], self.accounting)
         self.delivery = Delivery(self.sinks, self._on_error)
         for sink in self.sinks:
             outage = getattr(sink, "outage", None)
@@ -180,7 +184,7 @@ class UploadWorker:
         Returns True when everything was handled before the deadline. Returns
         within ``timeout_s``, plus ``spill_timeout_s`` when something is left
         to spool, plus about a second, whatever the sinks and the disk do: the
-        spooling runs on the worker thread and on a helper, never here.
+        spooling runs on the worker's threads and on a helper, never here.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         # From here on a write is refused (and counted): what this waits for cannot grow.
@@ -203,11 +207,7 @@ class UploadWorker:
         self._queue.wait_done(self._queue.taken_seq(), waited_until, interruptible=False)
         if kept is not None:
             kept.wait(max(0.0, waited_until - time.monotonic()))
-        with self._lock:
-            for ledgers in self._inflight.values():
-                for sink, ledger in zip(self.sinks, ledgers):
-                    ledger.close(SPILL_TIMEOUT if spool_of(sink) else DEADLINE, keep_reasons=False)
-            self._inflight.clear()
+        self._claims.close_all([SPILL_TIMEOUT if spool_of(sink) else DEADLINE for sink in self.sinks])
         self._queue.mark_all_done()
         self._switch_hold.drop(for_good=True)
         self._report_drops()
@@ -221,19 +221,15 @@ class UploadWorker:
     def _keep_left(self, left: list[Write]) -> threading.Event:
         """Spool the writes still queued at close, on a daemon helper; the event is set when it is done."""
         # Grouped by line format: one fsync for many small writes.
-        groups = Group.of(left)
-        with self._lock:  # registered first: what the deadline finds unfinished, close() accounts for
-            for group in groups:
-                self._inflight[group.key] = self._ledgers(group.count, group.origins)
-            entries = [(group, self._inflight[group.key]) for group in groups]
+        # Registered first: what the deadline finds unfinished, close() accounts for.
+        entries = self._claims.register(Group.of(left))
 
         def keep() -> None:
             try:
                 for group, ledgers in entries:
                     for sink, ledger in zip(self.sinks, ledgers):
                         self.delivery.keep(sink, group.records, group.line_format, ledger, DEADLINE)
-                    with self._lock:
-                        self._inflight.pop(group.key, None)
+                    self._claims.release(group.key)
             except Exception:  # what is not kept is accounted for by close()
                 logger.warning("keeping the writes left at close failed", exc_info=True)
 
@@ -242,12 +238,10 @@ class UploadWorker:
     def stats(self) -> dict[str, Any]:
         """Queued, stored, dropped, failed by sink and reason, submit latency."""
         snap = self.accounting.snapshot()
-        with self._lock:
-            inflight = sum(ledger.remaining for ledgers in self._inflight.values() for ledger in ledgers[:1])
         snap.update(
             queued_records=self._queue.queued_records,
             queued_bytes=int(self._queue.queued_bytes),
-            in_flight_records=inflight,
+            in_flight_records=self._claims.in_flight_records(),
             retired_sinks=sorted(self.delivery.retired),
         )
         for sink in self.sinks:
@@ -272,30 +266,6 @@ class UploadWorker:
 
     # -- the worker thread -----------------------------------------------------
 
-    def _claim(self, writes: list[Write]) -> None:
-        # Runs under the queue's lock, once per part of a take, and calls no
-        # user code: from here on close() sees the taken records. A claim only
-        # counts them (close() or _abandon() closes it, _group() swaps it for
-        # ledgers that know each record's origin), so it needs no Origins.
-        records = sum(w.count for w in writes)
-        with self._lock:
-            self._inflight[writes[0].seq] = self._ledgers(records, None)
-
-    def _group(self, writes: list[Write]) -> list[Group]:
-        """Swap the claims on ``writes`` for one per group; [] when close() took them meanwhile."""
-        groups = Group.of(writes)
-        with self._lock:
-            # One claim per part the queue handed over, keyed by its first write; close() clears all at once.
-            claims = [self._inflight.pop(w.seq, None) for w in writes]
-            if all(claim is None for claim in claims):
-                return []
-            for group in groups:
-                self._inflight[group.key] = self._ledgers(group.count, group.origins)
-        return groups
-
-    def _ledgers(self, records: int, origins: Origins | None) -> list[Ledger]:
-        return [Ledger(self.accounting, s.name, records, origins) for s in self.sinks]
-
     def _run(self) -> None:
         try:
             self._loop()
@@ -307,35 +277,47 @@ class UploadWorker:
         while True:
             timeout = max(0.0, next_tick - time.monotonic()) if self._tick is not None else None
             writes: list[Write] = []
-            if not self._queue.queued_records:
+            handed = False
+            self._lanes.wait_for_room()  # at most two writes' records are held, the queue's aside
+            busy = self._lanes.busy()
+            if not self._queue.queued_records and not busy:
                 self._switch_hold.drop()  # nothing to encode until the next write: the caller's threads run as set
             try:
-                writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._claim)
+                # While a write is still in progress, the wait ends when it is done too: the hold is dropped then.
+                idle = (lambda: not self._lanes.busy()) if busy else None
+                writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._claims.claim, stop_waiting=idle)
                 if writes:
                     self._switch_hold.take()
                 self._report_drops()
                 if writes:
-                    for group in self._group(writes):
-                        self._process(group)
+                    handed = True  # from here on the lane accounts for the writes, and marks them done
+                    self._lanes.run(writes, functools.partial(self._write, writes))
             except Exception as err:  # the thread must outlive any one write
                 logger.exception("upload worker failed on a write; its records are counted as failed")
-                self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
-            self._queue.done(writes)
+                if not handed:
+                    self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
+            if not handed:
+                self._lanes.done_in_order(writes)
             if self._tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + self.tick_interval_s
                 self._run_tick()
-            if not writes and self._queue.closed:
+            if not writes and self._queue.closed and not self._queue.queued_records:
                 return
 
+    def _write(self, writes: list[Write], lane: Lane) -> None:
+        """Hand ``writes`` to the sinks, on their lane; the next write may start once the last group is encoded."""
+        try:
+            groups = self._claims.regroup(writes)
+            for n, group in enumerate(groups):
+                self._process(group, lane.encoded.set if n == len(groups) - 1 else None)
+        except BaseException as err:
+            logger.exception("upload worker failed on a write; its records are counted as failed")
+            self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
+
     def _abandon(self, reason: str, writes: list[Write]) -> None:
-        # The worker's claims are keyed by the seqs of the writes it took (a
-        # group by its first); close()'s helper registers others, left alone here.
-        with self._lock:
-            claims = [self._inflight.pop(w.seq) for w in writes if w.seq in self._inflight]
-        lost: collections.Counter[str] = collections.Counter()
-        for ledgers in claims:
-            for ledger in ledgers:
-                lost[ledger.sink] += ledger.close(reason)
+        # The worker's claims are keyed by the seqs of the writes it took (a group by its first);
+        # close()'s helper registers others, left alone here.
+        lost = self._claims.abandon(writes, reason)
         self.delivery.report_failures({sink: {reason: n} for sink, n in lost.items() if n})
 
     def _run_tick(self) -> None:
@@ -345,14 +327,14 @@ class UploadWorker:
         except Exception:  # a periodic hook must not kill the worker
             logger.warning("periodic run update failed", exc_info=True)
 
-    def _process(self, group: Group) -> None:
-        with self._lock:
-            ledgers = self._inflight.get(group.key)
+    def _process(self, group: Group, on_encoded: Callable[[], Any] | None) -> None:
+        ledgers = self._claims.get(group.key)
         if ledgers is None:  # closed at the deadline meanwhile
             return
+        # Only the last sink may let the next write start early: the sinks before it write in order.
+        ledgers[-1].on_encoded = on_encoded
         self.delivery.deliver(group.records, group.line_format, ledgers)
-        with self._lock:
-            self._inflight.pop(group.key, None)
+        self._claims.release(group.key)
 
     def _report_drops(self) -> None:
         burst = self._queue.take_burst()

@@ -168,14 +168,18 @@ def test_log_episodes_never_blocks_and_counts_every_drop(service, gate):
         results.append(run.log_episodes([record]))
         slowest = max(slowest, time.perf_counter() - started)
     assert slowest < 0.5, slowest  # an order of magnitude, not a benchmark: it never waits on the gate
-    assert results == [True] * 20 + [False] * 9_979
-    assert run.dropped_records == 9_979
-    assert run.stats()["dropped"] == {"queue_full_records": 9_979}
+    # The queue holds 20; the worker may take one more write (what was queued when it took it) while
+    # the held one waits for its answer, and no more: at most two writes are in progress.
+    accepted = [f"e{i}" for i, ok in enumerate(results, start=1) if ok]
+    assert results[:20] == [True] * 20 and 20 <= len(accepted) <= 40, len(accepted)
+    dropped = 9_999 - len(accepted)
+    assert run.dropped_records == dropped
+    assert run.stats()["dropped"] == {"queue_full_records": dropped}
     gate.open()
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
-    assert sorted(stored_episodes(service)) == sorted(f"e{i}" for i in range(21))
+    assert sorted(stored_episodes(service)) == sorted(["e0", *accepted])
     assert run.failed_records == {}
-    assert_buckets(run, submitted=10_000, stored=21, dropped={"queue_full_records": 9_979})
+    assert_buckets(run, submitted=10_000, stored=1 + len(accepted), dropped={"queue_full_records": dropped})
 
 
 def test_log_episodes_costs_the_same_for_a_35_mb_record_as_for_a_1_kb_one(service, gate):  # a fixture

@@ -372,3 +372,31 @@ def test_close_closes_only_an_owned_client(tmp_path):
         sink.close()
         with pytest.raises(RuntimeError, match="closed"):
             client.upload_lines([b'{"id": "x"}'])
+
+
+def test_a_write_says_it_is_encoded_once_its_last_record_is_encoded_and_not_before(tmp_path):
+    encoded = threading.Event()
+    seen: list[bool] = []
+
+    class Logged:
+        """A record encoded through its own to_record(): it notes whether the write was said encoded yet."""
+
+        def __init__(self, record: dict[str, Any]) -> None:
+            self.record = record
+
+        def to_record(self) -> dict[str, Any]:
+            seen.append(encoded.is_set())
+            return self.record
+
+    records = [Logged(r) for r in episodes(40)]
+    with serving(tmp_path, max_in_flight=2) as (svc, client):
+        accounting, ledger = ledger_for(len(records))
+        ledger.on_encoded = encoded.set
+        # Small batches: the first ones upload while the later records are still being encoded.
+        status = sink_for(client, target_batch_bytes=SMALL_BATCH_BYTES).write(
+            records, "episode", ledger, threading.Event()
+        )
+        assert status is SinkStatus.OK
+        assert seen == [False] * 40 and encoded.is_set()
+        assert sorted(stored_ids(svc)) == sorted(f"e{i}" for i in range(40))
+        assert sink_counts(accounting)["stored"] == 40

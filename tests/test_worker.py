@@ -299,10 +299,10 @@ def test_the_worker_takes_writes_a_few_per_hold_of_the_queue_lock():
     worker = UploadWorker([GatedSink()])  # its thread never starts: the test takes as it would
     for i in range(200):
         assert worker._queue.put([{"id": f"t{i}"}], "trace")[0]
-    writes = worker._queue.take(float("inf"), 0, on_take=worker._claim)
-    assert len(worker._inflight) == 4  # one claim per hold, so close() sees each part as soon as it is taken
-    groups = worker._group(writes)
-    assert [g.count for g in groups] == [200] and list(worker._inflight) == [groups[0].key]
+    writes = worker._queue.take(float("inf"), 0, on_take=worker._claims.claim)
+    assert len(worker._claims) == 4  # one claim per hold, so close() sees each part as soon as it is taken
+    groups = worker._claims.regroup(writes)
+    assert [g.count for g in groups] == [200] and worker._claims.keys() == [groups[0].key]
 
 
 def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_on(caplog):
