@@ -505,8 +505,9 @@ def switch_interval_5_ms() -> Iterator[None]:
 def test_the_yield_hands_the_gil_to_a_thread_waiting_for_it(switch_interval_5_ms):
     # A thread spinning in Python wants the GIL all the time; each yield must let it run. (os.sched_yield
     # releases the GIL too, but returns before the waiter wakes: it ran in 0 to 33 of ~50 yields here.)
-    # The best of three rounds: a round can lose the spinner's core to another process (40 of 50 failed
-    # about one full run in eight; alone, 190 of 200 rounds handed over all 50).
+    # The best of three rounds, each yield once the spinner has run since the last one: a spinner without
+    # a core cannot take the GIL, whatever the yield does (with two busy processes on the two cores, 3 of
+    # 20 runs failed without that wait, 0 of 50 with it; a yield that does nothing hands over 0 of 50).
     spins, stop, started = [0], threading.Event(), threading.Event()
 
     def spin() -> None:
@@ -522,6 +523,11 @@ def test_the_yield_hands_the_gil_to_a_thread_waiting_for_it(switch_interval_5_ms
         for _ in range(3):
             handed = 0
             for _ in range(50):
+                # First until the spinner has run since the last yield: then it is on a core, wanting the GIL
+                # again, and what the yield is asked is only to hand the GIL over (not to get it a core).
+                ran = spins[0]
+                while spins[0] == ran:
+                    pass
                 before = spins[0]
                 _encode._yield()
                 handed += spins[0] != before
