@@ -143,6 +143,10 @@ class Run(Finishing):
                 )
             live_runs.add(self)
         call_in_forked_child(self._after_fork_in_child)
+        if worker is not None:
+            # Now rather than in the first log_episodes(): that call would wait for the thread to start
+            # (0.4-1.7 ms, where a call that only queues takes 0.1).
+            worker.start()
 
     def __repr__(self) -> str:
         return f"Run(id={self.id!r}, name={self.name!r}, mode={self.mode!r}, status={self.status!r})"

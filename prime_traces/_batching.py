@@ -264,17 +264,22 @@ def iter_batches(
     *,
     target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
     max_batch_lines: int = MAX_BATCH_LINES,
+    first_batch_bytes: int | None = None,
 ) -> Iterator[Batch]:
     """Yield the batches of ``lines`` (bytes or ``str``, UTF-8 encoded), lazily.
 
     A line's input index is its position in ``lines``. Zero non-blank lines
     yield nothing. An oversized line raises :class:`TraceTooLargeError` before
-    the batch that would hold it is yielded.
+    the batch that would hold it is yielded. With ``first_batch_bytes`` the
+    first batch closes at that size instead (a small first request), the
+    rest at ``target_batch_bytes``.
     """
-    batcher = Batcher(target_batch_bytes=target_batch_bytes, max_batch_lines=max_batch_lines)
+    first = min(first_batch_bytes, target_batch_bytes) if first_batch_bytes else target_batch_bytes
+    batcher = Batcher(target_batch_bytes=first, max_batch_lines=max_batch_lines)
     for input_index, line in enumerate(lines):
         closed = batcher.add(_as_bytes(line, input_index), input_index)
         if closed is not None:
+            batcher.target_batch_bytes = target_batch_bytes
             yield closed
     last = batcher.close()
     if last is not None:

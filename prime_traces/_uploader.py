@@ -42,6 +42,9 @@ DEFAULT_ABANDON_AFTER_S = 1.0
 _CANCEL_CHECK_S = 0.02
 # The most batches an upload keeps in order behind its head-of-line batch.
 _MAX_WAITING_BATCHES = 512
+#: While "auto" coding has not learnt the service's codings, the first batch asks with at most this
+#: much: it goes alone, in gzip, and the rest wait for its answer.
+PROBE_BATCH_BYTES = 1024**2
 
 OnBatch = Callable[[Batch, UploadReceipt], Any]
 
@@ -110,7 +113,8 @@ class Upload:
             self.sender.window.unsubscribe(self._wake)
 
     def _run(self, lines: Iterable[Any]) -> list[UploadReceipt]:
-        batches = iter_batches(lines, target_batch_bytes=self.settings.target_batch_bytes)
+        probe = PROBE_BATCH_BYTES if self.sender.selector.probing else None
+        batches = iter_batches(lines, target_batch_bytes=self.settings.target_batch_bytes, first_batch_bytes=probe)
         exhausted = False
         # A batch pulled before it had a slot: with nothing of ours in flight, the
         # upload learns whether anything is left before it waits for a slot that

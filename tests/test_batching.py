@@ -283,3 +283,13 @@ def test_a_line_in_parts_over_the_line_limit_is_refused(monkeypatch):
     monkeypatch.setattr(batching, "MAX_LINE_BYTES", 10)
     with pytest.raises(TraceTooLargeError, match="line 2"):
         list(iter_batches([b'{"id":1}', LineParts((b'{"id":', b'"long-id"}'))]))
+
+
+def test_the_first_batch_may_close_sooner_than_the_rest():
+    lines = [b"x" * 100 for _ in range(10)]  # 101 bytes each with its newline
+    sizes = [len(b.line_indexes) for b in iter_batches(lines, target_batch_bytes=505, first_batch_bytes=202)]
+    assert sizes == [2, 5, 3]
+    assert [len(b.line_indexes) for b in iter_batches(lines, target_batch_bytes=505, first_batch_bytes=None)] == [5, 5]
+    # A first size above the target is the target.
+    above = iter_batches(lines, target_batch_bytes=505, first_batch_bytes=10_000)
+    assert [len(b.line_indexes) for b in above] == [5, 5]

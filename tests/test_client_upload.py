@@ -691,3 +691,35 @@ def test_an_on_batch_that_raises_stops_the_upload_and_is_reported_with_every_lin
     assert [r.upload_id for r in rerun] == keys
     assert stored_trace_ids(service) == {f"t-{i}" for i in range(8)}
     assert service.stats()["replays"] == len(committed)
+
+
+def test_auto_compression_asks_with_a_small_first_batch(tmp_path, monkeypatch):
+    import prime_traces._uploader as uploader
+    import prime_traces.server._upload as upload_route
+
+    monkeypatch.setattr(uploader, "PROBE_BATCH_BYTES", 2_000)  # stands for 1 MiB beside 30 MiB batches
+    seen: list[tuple[str, int]] = []
+    original = upload_route._process
+
+    def capture(req, wire, digest, raw_format):
+        seen.append(("zstd" if b"Content-Encoding: zstd" in wire[0] else "gzip", len(wire[0])))
+        return original(req, wire, digest, raw_format)
+
+    monkeypatch.setattr(upload_route, "_process", capture)
+    with LocalTracesService(tmp_path / "db") as svc:
+        with client_for(svc, max_in_flight=4) as client:
+            sizes: list[int] = []
+            client.upload_lines(
+                lines_of(20, pad=900),
+                target_batch_bytes=20_000,
+                on_batch=lambda b, _r: sizes.append(len(b.line_indexes)),
+            )
+            # Once the coding is known, no upload of this client asks again.
+            client.upload_lines(lines_of(20, pad=900), target_batch_bytes=20_000)
+    # The first batch asked in gzip, holding what fits 2,000 bytes; the rest went in zstd, in full batches,
+    # and the second upload, with the coding known, did not ask again.
+    first = [len(b.line_indexes) for b in iter_batches(lines_of(20, pad=900), target_batch_bytes=2_000)][0]
+    full = [len(b.line_indexes) for b in iter_batches(lines_of(20, pad=900), target_batch_bytes=20_000)]
+    assert sizes[0] == first < full[0] and sum(sizes) == 20
+    assert [coding for coding, _ in seen] == ["gzip"] + ["zstd"] * (len(seen) - 1)
+    assert len(seen) == len(sizes) + len(full)
