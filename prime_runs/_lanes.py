@@ -92,8 +92,7 @@ class Lanes:
         try:
             run_in_daemon(job, self.name)  # on this thread while the interpreter exits
         except BaseException:  # noqa: BLE001  no thread could start: the write must still end, be marked done
-            if not lane.finished.is_set():
-                job()
+            job()
         lane.encoded.wait()
 
     def done_in_order(self, writes: list[Write]) -> None:
