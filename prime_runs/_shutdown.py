@@ -27,9 +27,11 @@ the default action behind ours ends the process with ``os._exit(128 + 15)``.
 
 Called by a framework's handler that wraps ours, it always waits: a signal
 delivered again would run the wrapper twice. If the main thread reaches exit
-before the signal is chained, an exit hook waits for the finishing (bounded)
-and ends the process by the signal; so does the exit finish of a run that the
-signal interrupted. A second signal while the runs are being finished chains
+before the signal is chained, an exit hook waits for the finishing (bounded),
+finishes on the main thread any run whose finisher could not start (Python
+3.12+ starts no thread once the interpreter is shutting down) and ends the
+process by the signal; so does the exit finish of a run that the signal
+interrupted. A second signal while the runs are being finished chains
 at once.
 """
 
@@ -195,6 +197,9 @@ class _Episode:
         self.runs = runs
         self.deadline = time.monotonic() + max(r._timeout_s for r in runs) + _HARD_MARGIN_S
         self.done = threading.Event()
+        # The runs whose finisher could not start (the main thread had reached
+        # interpreter shutdown first): the exit hook finishes them on the main thread.
+        self.unstarted: list[ShutdownHooks] = []
         self.chained = False
         # The handler returned at once: the helper delivers the signal again once
         # the runs are finished. Otherwise the handler waits and chains itself.
@@ -223,7 +228,8 @@ class _Episode:
                 )
                 try:
                     finisher.start()
-                except RuntimeError:  # the interpreter is shutting down: its exit hooks finish the run
+                except RuntimeError:  # the interpreter is shutting down: _end_by_signal_at_exit finishes it
+                    self.unstarted.append(hooks)
                     continue
                 finishers.append(finisher)
             for finisher in finishers:
@@ -386,6 +392,10 @@ def _end_by_signal_at_exit() -> None:
         return
     _exiting = True
     episode.wait()
+    for hooks in list(episode.unstarted):
+        # Registered last, this hook runs before the runs' own: finish here what the
+        # helper could not, or the process would end by the signal with them unfinished.
+        hooks._finish_logged(episode.status)
     episode.chained = True
     try:
         signal.signal(episode.signum, signal.SIG_DFL)

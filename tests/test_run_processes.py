@@ -170,6 +170,43 @@ def test_sigterm_while_log_holds_the_run_lock_still_records_crashed(service, tmp
     assert get(service, f"runs/{run_id}")["status"] == "crashed"
 
 
+def test_sigterm_whose_finisher_cannot_start_still_records_crashed(service, tmp_path):
+    # Under load the main thread may reach interpreter shutdown before the signal's
+    # helper starts its finisher thread; Python 3.12+ then refuses to start it. The
+    # script refuses as 3.12 does, on every Python, so the path is taken every time.
+    proc = start(
+        """
+        import signal, threading
+        from collections.abc import Mapping
+
+        class Metrics(Mapping):
+            def __iter__(self):
+                return iter(["loss"])
+            def __len__(self):
+                return 1
+            def __getitem__(self, key):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return 0.5
+
+        def refuse(self):
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+
+        run = prime_runs.init("signalled", finish_timeout_s=10)
+        run.log_episodes(episodes("e", 3))
+        print(run.id)
+        threading.Thread.start = refuse
+        run.log(Metrics(), step=1)
+        """,
+        service,
+        tmp_path,
+    )
+    run_id = first_line(proc)
+    _out, err = finish_process(proc)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert get(service, f"runs/{run_id}")["status"] == "crashed", err
+    assert sorted(stored_episodes(service)) == ["e0", "e1", "e2"]
+
+
 RANK0 = """
 import subprocess
 run = prime_runs.init("ddp", kind="train")
