@@ -48,16 +48,22 @@ class Gate:
         self._open = threading.Event()
         self.entered = threading.Event()
         self.hold_first_only = hold_first_only
-        self._lock = threading.Lock()
+        self._arrived = threading.Condition()
         self.arrivals = 0
 
     def __call__(self) -> None:
-        with self._lock:
+        with self._arrived:
             self.arrivals += 1
             first = self.arrivals == 1
+            self._arrived.notify_all()
         self.entered.set()
         if first or not self.hold_first_only:
             self._open.wait(GATE_TIMEOUT_S)
+
+    def wait_arrivals(self, count: int) -> bool:
+        """Wait (bounded) until ``count`` uploads in all have reached the gate."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: self.arrivals >= count, GATE_TIMEOUT_S)
 
     def open(self) -> None:
         self._open.set()

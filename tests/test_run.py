@@ -231,14 +231,18 @@ def test_a_small_write_is_flushed_promptly(service):
 
 def test_a_write_larger_than_the_bound_fits_an_empty_queue_only(service, gate):
     run = online(service, max_queued_records=10)
-    assert run.log_episodes(episodes("h", 1))
-    assert gate.entered.wait(GATE_TIMEOUT_S)
+    gate.open()
+    assert run.log_episodes(episodes("warm", 1)) and run.flush(FLUSH_TIMEOUT_S)  # codings known, window of two
+    gate.close()
+    # Two writes held in the service: the worker takes no third, so what is queued next stays queued.
+    assert run.log_episodes(episodes("h", 1)) and gate.wait_arrivals(2)
+    assert run.log_episodes(episodes("i", 1)) and gate.wait_arrivals(3)
     assert run.log_episodes(episodes("big", 50)) is True  # the queue is empty: 50 > 10 still fits
     assert run.log_episodes(episodes("late", 1)) is False  # but nothing fits beside it
     gate.open()
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
-    assert len(stored_episodes(service)) == 51
-    assert_buckets(run, submitted=52, stored=51, dropped={"queue_full_records": 1})
+    assert sorted(stored_episodes(service)) == sorted(["warm0", "h0", "i0", *(f"big{i}" for i in range(50))])
+    assert_buckets(run, submitted=54, stored=53, dropped={"queue_full_records": 1})
 
 
 def fixed_trace(trace_id: str) -> dict[str, Any]:
