@@ -138,29 +138,33 @@ def test_a_signal_finishes_the_run_and_still_ends_the_process(service, tmp_path,
     assert sorted(stored_episodes(service)) == [f"e{i}" for i in range(5)]
 
 
+# Metrics computed lazily, as a framework's metric collection may be: the
+# scheduler's SIGTERM arrives while run.log() reads a value (and holds the run's lock).
+SIGNALLING_METRICS = """
+import signal
+from collections.abc import Mapping
+
+class Metrics(Mapping):
+    def __init__(self):
+        self._values = {"loss": 0.5}
+    def __iter__(self):
+        return iter(self._values)
+    def __len__(self):
+        return len(self._values)
+    def __getitem__(self, key):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return self._values[key]
+"""
+
+
 def test_sigterm_while_log_holds_the_run_lock_still_records_crashed(service, tmp_path):
     proc = start(
-        """
-        import signal
-        from collections.abc import Mapping
-
-        class Metrics(Mapping):
-            # Computed lazily, as a framework's metric collection may be; the
-            # scheduler's SIGTERM arrives while a value is computed.
-            def __init__(self):
-                self._values = {"loss": 0.5}
-            def __iter__(self):
-                return iter(self._values)
-            def __len__(self):
-                return len(self._values)
-            def __getitem__(self, key):
-                os.kill(os.getpid(), signal.SIGTERM)
-                return self._values[key]
-
-        run = prime_runs.init("signalled", finish_timeout_s=0.5)
-        print(run.id)
-        run.log(Metrics(), step=1)
-        """,
+        SIGNALLING_METRICS
+        + """
+run = prime_runs.init("signalled", finish_timeout_s=0.5)
+print(run.id)
+run.log(Metrics(), step=1)
+""",
         service,
         tmp_path,
     )
@@ -175,28 +179,19 @@ def test_sigterm_whose_finisher_cannot_start_still_records_crashed(service, tmp_
     # helper starts its finisher thread; Python 3.12+ then refuses to start it. The
     # script refuses as 3.12 does, on every Python, so the path is taken every time.
     proc = start(
-        """
-        import signal, threading
-        from collections.abc import Mapping
+        SIGNALLING_METRICS
+        + """
+import threading
 
-        class Metrics(Mapping):
-            def __iter__(self):
-                return iter(["loss"])
-            def __len__(self):
-                return 1
-            def __getitem__(self, key):
-                os.kill(os.getpid(), signal.SIGTERM)
-                return 0.5
+def refuse(self):
+    raise RuntimeError("can't create new thread at interpreter shutdown")
 
-        def refuse(self):
-            raise RuntimeError("can't create new thread at interpreter shutdown")
-
-        run = prime_runs.init("signalled", finish_timeout_s=10)
-        run.log_episodes(episodes("e", 3))
-        print(run.id)
-        threading.Thread.start = refuse
-        run.log(Metrics(), step=1)
-        """,
+run = prime_runs.init("signalled", finish_timeout_s=10)
+run.log_episodes(episodes("e", 3))
+print(run.id)
+threading.Thread.start = refuse
+run.log(Metrics(), step=1)
+""",
         service,
         tmp_path,
     )
