@@ -9,6 +9,8 @@ import pytest
 import zstandard
 
 from prime_traces.errors import ErrorCode
+from prime_traces.server import _decode
+from prime_traces.server._body import MemoryBudget
 from prime_traces.server._decode import _gunzip, _unzstd
 from prime_traces.server._http import HTTPError
 
@@ -48,6 +50,39 @@ def test_bad_or_oversized_streams_are_refused(inflate, data, code):
         _gunzip(memoryview(data), LIMIT, inflate)
     assert caught.value.status == 400
     assert caught.value.code == code.value
+
+
+class _CountingInflate:
+    """An inflate module whose decoders count their calls."""
+
+    def __init__(self, module) -> None:
+        self.module, self.error, self.calls = module, module.error, 0
+
+    def decompressobj(self, **kwargs):
+        real, counter = self.module.decompressobj(**kwargs), self
+
+        class Counted:
+            def decompress(self, data, max_length=0):
+                counter.calls += 1
+                return real.decompress(data, max_length)
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        return Counted()
+
+
+@pytest.mark.parametrize("inflate", list(_modules()))
+def test_one_member_inflates_in_one_step_sized_by_its_trailer(inflate):
+    body = BODY * 60  # 9.6 MB: more than one 8 MiB step
+    counting = _CountingInflate(inflate)
+    assert _gunzip(memoryview(gzip.compress(body, compresslevel=1, mtime=0)), 16 * LIMIT, counting) == body
+    assert counting.calls == 1
+    lying = bytearray(gzip.compress(body, compresslevel=1, mtime=0))
+    lying[-4:] = (3 * len(body)).to_bytes(4, "little")  # only sizes the first step; zlib checks it at the end
+    with pytest.raises(HTTPError) as caught:
+        _gunzip(memoryview(bytes(lying)), 16 * LIMIT, inflate)
+    assert caught.value.code == ErrorCode.MALFORMED_ENCODING.value
 
 
 def _sized(body: bytes) -> bytes:
@@ -120,3 +155,37 @@ def test_a_declared_size_over_the_limit_is_refused_before_decoding():
     with pytest.raises(HTTPError) as caught:
         _unzstd(memoryview(header + b"\xff" * 100), LIMIT)
     assert caught.value.code == ErrorCode.UPLOAD_TOO_LARGE.value
+
+
+class _CountingDecompressor:
+    """A ZstdDecompressor that counts the frame-by-frame decoders it hands out."""
+
+    made: list[None] = []
+    real = zstandard.ZstdDecompressor
+
+    def __init__(self) -> None:
+        self._real = self.real()
+
+    def decompress(self, *args, **kwargs):
+        return self._real.decompress(*args, **kwargs)
+
+    def decompressobj(self, *args, **kwargs):
+        self.made.append(None)
+        return self._real.decompressobj(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("data", "frame_by_frame"),
+    [(_sized(BODY), 0), (_sized(BODY[:1000]) + _sized(BODY[1000:]), 2), (_unsized(BODY), 1)],
+    ids=["one-sized-frame", "two-sized-frames", "unsized"],
+)
+def test_one_frame_that_declares_its_size_is_decoded_in_one_call(monkeypatch, data, frame_by_frame):
+    # The frame-by-frame path collects its output in pieces and joins them: a fifth of the service's CPU.
+    made: list[None] = []
+    monkeypatch.setattr(_CountingDecompressor, "made", made)
+    monkeypatch.setattr(_decode.zstandard, "ZstdDecompressor", _CountingDecompressor)
+    budget = MemoryBudget(4 * LIMIT)
+    charge = budget.charge()
+    assert _unzstd(memoryview(data), LIMIT, charge=charge) == BODY
+    assert len(made) == frame_by_frame
+    assert charge.held == len(BODY)  # a one-call attempt that gave up gave its charge back

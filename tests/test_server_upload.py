@@ -571,3 +571,12 @@ def test_last_line_may_lack_a_newline(service):
 def test_a_utf8_error_names_the_byte_its_sequence_begins_at(data, at):
     with pytest.raises(HTTPError, match=f"not UTF-8 at byte {at}$"):
         _upload._check_utf8(data)
+
+
+@pytest.mark.parametrize("before", [1, 2, 3])
+def test_utf8_sequences_cut_by_a_slice_end_are_accepted(before):
+    slice_bytes = _upload._UTF8_SLICE_BYTES
+    for char in ("é", "€", "🚀"):
+        data = b"a" * (slice_bytes - before) + (char * 3).encode() + b"z"
+        _upload._check_utf8(data)  # no error
+        _upload._check_utf8(bytearray(data * 3))

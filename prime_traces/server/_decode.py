@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover  (exercised by the tests through inflate
 _ZSTD_STEP_BYTES = 1024
 _ZSTD_HEADER_MAX_BYTES = 18  # magic, descriptor, window, dictionary id, content size
 _INFLATE_STEP_BYTES = 8 << 20
+_GZIP_MIN_MEMBER_BYTES = 18  # a 10-byte header, an empty deflate block at least, an 8-byte trailer
 
 
 @dataclass
@@ -206,15 +207,22 @@ def _gunzip(
     data: memoryview, limit_bytes: int, inflate: ModuleType | None = None, *, charge: MemoryCharge | None = None
 ) -> bytes | bytearray:
     # max_length bounds what zlib produces, so a bomb costs at most the limit,
-    # and each step is charged before it is produced.
+    # and each step is charged before it is produced. The first step asks for
+    # what the last member's trailer says it holds (ISIZE, the size modulo
+    # 2**32): a body of one member, as clients send, then decodes in one step
+    # (half the CPU of 8 MiB steps); a trailer that lies only sizes a step.
     inflate = inflate or _inflate_module
     out = _Output(limit_bytes, charge)
     pending: bytes | memoryview = data
+    first_step = _INFLATE_STEP_BYTES
+    if len(data) >= _GZIP_MIN_MEMBER_BYTES:
+        first_step = max(first_step, int.from_bytes(data[-4:], "little") + 1)
     try:
         while pending:
             inflater = inflate.decompressobj(wbits=31)
             while True:
-                step = min(_INFLATE_STEP_BYTES, limit_bytes + 1 - out.size)
+                step = min(first_step, limit_bytes + 1 - out.size)
+                first_step = _INFLATE_STEP_BYTES
                 out.take(step)
                 chunk = inflater.decompress(pending, step)
                 out.give(step - len(chunk))
@@ -235,6 +243,9 @@ def _unzstd(data: memoryview, limit_bytes: int, *, charge: MemoryCharge | None =
     out = _Output(limit_bytes, charge)
     pos, size = 0, len(data)
     dctx = zstandard.ZstdDecompressor()
+    one = _unzstd_one_frame(dctx, data, limit_bytes, out)
+    if one is not None:
+        return one
     try:
         while pos < size:
             frame = dctx.decompressobj()
@@ -257,6 +268,34 @@ def _unzstd(data: memoryview, limit_bytes: int, *, charge: MemoryCharge | None =
     except zstandard.ZstdError as err:
         raise HTTPError(400, ErrorCode.MALFORMED_ENCODING, f"bad zstd data: {err}") from None
     return out.value()
+
+
+def _unzstd_one_frame(dctx: Any, data: memoryview, limit_bytes: int, out: _Output) -> bytes | None:
+    """The body as one frame that declares its size (as this package's client sends it), or None.
+
+    Decoded in one call straight into a buffer of the declared size: the
+    frame-by-frame path below collects its output in pieces and joins them,
+    which cost the service a fifth of its CPU under load. None for anything
+    else (no declared size, more than one frame, bad data): the path below
+    decodes it, or says exactly what is wrong with it.
+    """
+    try:
+        declared = zstandard.frame_content_size(data[:_ZSTD_HEADER_MAX_BYTES])
+    except zstandard.ZstdError:
+        return None
+    if declared < 0:
+        return None
+    if declared > limit_bytes:
+        raise _too_large(limit_bytes)  # refused from the header, before any output
+    out.take(declared)
+    try:
+        # zstd refuses a frame that decodes to more or less than its header declares.
+        decoded: bytes = dctx.decompress(data, allow_extra_data=False)
+    except zstandard.ZstdError:
+        out.give(declared)
+        return None
+    out.add(decoded)
+    return decoded
 
 
 def _unzstd_unsized(frame: Any, data: memoryview, pos: int, out: _Output) -> int:

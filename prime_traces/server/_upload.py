@@ -193,23 +193,22 @@ def _metadata(raw: bytes) -> tuple[int, dict[str, str]]:
 
 
 def _check_utf8(data: bytes | bytearray) -> None:
-    """400 ``malformed_encoding`` unless ``data`` is UTF-8; checked in slices, so no big str is built."""
+    """400 ``malformed_encoding`` unless ``data`` is UTF-8; checked in slices, so no big str is built.
+
+    Each slice is decoded where it lies (a sequence cut by the slice's end
+    starts the next one): an incremental decoder would copy every slice first.
+    """
     if data.isascii():
         return
-    decoder = codecs.getincrementaldecoder("utf-8")()
     view = memoryview(data)
-    start = pending = 0
+    start, size = 0, len(data)
     try:
-        for start in range(0, len(data), _UTF8_SLICE_BYTES):
-            # A sequence cut by the slice's end waits in the decoder: an error counts from where it began.
-            pending = len(decoder.getstate()[0])
-            decoder.decode(view[start : start + _UTF8_SLICE_BYTES])
-        start = len(data)
-        pending = len(decoder.getstate()[0])
-        decoder.decode(b"", final=True)
+        while start < size:
+            end = min(start + _UTF8_SLICE_BYTES, size)
+            start += codecs.utf_8_decode(view[start:end], "strict", end == size)[1]
     except UnicodeDecodeError as err:
         raise HTTPError(
-            400, ErrorCode.MALFORMED_ENCODING, f"traces part is not UTF-8 at byte {start - pending + err.start}"
+            400, ErrorCode.MALFORMED_ENCODING, f"traces part is not UTF-8 at byte {start + err.start}"
         ) from None
 
 
