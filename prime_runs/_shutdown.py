@@ -197,9 +197,6 @@ class _Episode:
         self.runs = runs
         self.deadline = time.monotonic() + max(r._timeout_s for r in runs) + _HARD_MARGIN_S
         self.done = threading.Event()
-        # The runs whose finisher could not start (the main thread had reached
-        # interpreter shutdown first): the exit hook finishes them on the main thread.
-        self.unstarted: list[ShutdownHooks] = []
         self.chained = False
         # The handler returned at once: the helper delivers the signal again once
         # the runs are finished. Otherwise the handler waits and chains itself.
@@ -228,8 +225,11 @@ class _Episode:
                 )
                 try:
                     finisher.start()
-                except RuntimeError:  # the interpreter is shutting down: _end_by_signal_at_exit finishes it
-                    self.unstarted.append(hooks)
+                except RuntimeError:
+                    # No new thread: out of threads, or (Python 3.12+) the main thread reached
+                    # interpreter shutdown first. Finished here, or the signal delivered again
+                    # (or the exit hook's kill) would end the process with the run unfinished.
+                    hooks._finish_on_signal(self.status, self.deadline)
                     continue
                 finishers.append(finisher)
             for finisher in finishers:
@@ -392,10 +392,6 @@ def _end_by_signal_at_exit() -> None:
         return
     _exiting = True
     episode.wait()
-    for hooks in list(episode.unstarted):
-        # Registered last, this hook runs before the runs' own: finish here what the
-        # helper could not, or the process would end by the signal with them unfinished.
-        hooks._finish_logged(episode.status)
     episode.chained = True
     try:
         signal.signal(episode.signum, signal.SIG_DFL)

@@ -202,6 +202,34 @@ run.log(Metrics(), step=1)
     assert sorted(stored_episodes(service)) == ["e0", "e1", "e2"]
 
 
+def test_sigterm_whose_finisher_cannot_start_while_the_script_runs_on_still_records_crashed(service, tmp_path):
+    # Out of threads without shutting down: the script goes on after log(), so no exit hook
+    # runs before the signal, delivered again once the helper is done, ends the process.
+    proc = start(
+        SIGNALLING_METRICS
+        + """
+import threading, time
+
+def refuse(self):
+    raise RuntimeError("can't start new thread")
+
+run = prime_runs.init("signalled", finish_timeout_s=10)
+run.log_episodes(episodes("e", 3))
+print(run.id)
+threading.Thread.start = refuse
+run.log(Metrics(), step=1)
+time.sleep(60)
+""",
+        service,
+        tmp_path,
+    )
+    run_id = first_line(proc)
+    _out, err = finish_process(proc)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert get(service, f"runs/{run_id}")["status"] == "crashed", err
+    assert sorted(stored_episodes(service)) == ["e0", "e1", "e2"]
+
+
 RANK0 = """
 import subprocess
 run = prime_runs.init("ddp", kind="train")
