@@ -197,6 +197,8 @@ class _Episode:
         self.runs = runs
         self.deadline = time.monotonic() + max(r._timeout_s for r in runs) + _HARD_MARGIN_S
         self.done = threading.Event()
+        # Runs whose finisher thread could not start, until the helper has finished them itself.
+        self.unfinished: list[ShutdownHooks] = []
         self.chained = False
         # The handler returned at once: the helper delivers the signal again once
         # the runs are finished. Otherwise the handler waits and chains itself.
@@ -215,7 +217,7 @@ class _Episode:
         try:
             if self.signum == signal.SIGINT:
                 _interrupt.tell(self.runs)
-            finishers = []
+            finishers, unstarted = [], []
             for hooks in self.runs:
                 finisher = threading.Thread(
                     target=hooks._finish_on_signal,
@@ -225,13 +227,16 @@ class _Episode:
                 )
                 try:
                     finisher.start()
-                except RuntimeError:
-                    # No new thread: out of threads, or (Python 3.12+) the main thread reached
-                    # interpreter shutdown first. Finished here, or the signal delivered again
-                    # (or the exit hook's kill) would end the process with the run unfinished.
-                    hooks._finish_on_signal(self.status, self.deadline)
+                except RuntimeError:  # out of threads, or (Python 3.12+) the main thread reached shutdown first
+                    unstarted.append(hooks)
                     continue
                 finishers.append(finisher)
+            # Finished here, or the signal delivered again would end the process with them
+            # unfinished; what is left when the exit hook stops waiting, it finishes itself.
+            self.unfinished.extend(unstarted)
+            for hooks in unstarted:
+                hooks._finish_on_signal(self.status, self.deadline)
+                self.unfinished.remove(hooks)
             for finisher in finishers:
                 finisher.join(max(0.0, self.deadline - time.monotonic()))
         finally:
@@ -392,6 +397,10 @@ def _end_by_signal_at_exit() -> None:
         return
     _exiting = True
     episode.wait()
+    for hooks in list(episode.unfinished):
+        # Registered last, this hook runs before the runs' own: finish here what the helper
+        # has not yet (no thread of its own), or the process would end by the signal with it unfinished.
+        hooks._finish_on_signal(episode.status, time.monotonic() + hooks._timeout_s)
     episode.chained = True
     try:
         signal.signal(episode.signum, signal.SIG_DFL)

@@ -85,6 +85,17 @@ def test_one_member_inflates_in_one_step_sized_by_its_trailer(inflate):
     assert caught.value.code == ErrorCode.MALFORMED_ENCODING.value
 
 
+@pytest.mark.parametrize("inflate", list(_modules()))
+def test_a_small_body_whose_trailer_lies_charges_no_more_than_it_could_inflate_to(inflate):
+    lying = bytearray(gzip.compress(b"tiny", mtime=0))
+    lying[-4:] = b"\xff\xff\xff\xff"  # claims 4 GiB
+    budget = MemoryBudget(64 * LIMIT)
+    with pytest.raises(HTTPError) as caught:
+        _gunzip(memoryview(bytes(lying)), 32 * LIMIT, inflate, charge=budget.charge())
+    assert caught.value.code == ErrorCode.MALFORMED_ENCODING.value  # not a 503 for want of budget
+    assert budget.snapshot()["peak_body_memory_bytes"] <= 8 << 20  # a step, as before: not the limit
+
+
 def _sized(body: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=1).compress(body)  # the header declares the size
 
@@ -109,8 +120,14 @@ def _declaring(frame: bytes, declared: int) -> bytes:
 
 @pytest.mark.parametrize(
     "data",
-    [_sized(BODY), _unsized(BODY), _sized(BODY[:1000]) + _unsized(BODY[1000:]), _unsized(BODY[:7]) + _sized(BODY[7:])],
-    ids=["sized", "unsized", "sized-then-unsized", "unsized-then-sized"],
+    [
+        _sized(BODY),
+        _unsized(BODY),
+        _sized(BODY[:1000]) + _unsized(BODY[1000:]),
+        _unsized(BODY[:7]) + _sized(BODY[7:]),
+        _sized(b"") + _sized(BODY),  # zstd answers a frame declaring 0 bytes with b"", whatever follows
+    ],
+    ids=["sized", "unsized", "sized-then-unsized", "unsized-then-sized", "empty-then-sized"],
 )
 def test_zstd_frames_decode_to_the_body(data):
     assert _unzstd(memoryview(data), LIMIT) == BODY
@@ -128,6 +145,8 @@ def test_zstd_frames_decode_to_the_body(data):
         (_unsized(b"\0" * (LIMIT + 1)), ErrorCode.UPLOAD_TOO_LARGE),
         (_sized(b"\0" * (LIMIT // 2 + 1)) * 2, ErrorCode.UPLOAD_TOO_LARGE),
         (_declaring(_sized(b"\0" * (64 * LIMIT)), 1000), ErrorCode.MALFORMED_ENCODING),
+        (_sized(b"") + b"garbage", ErrorCode.MALFORMED_ENCODING),
+        (_sized(b"")[:-3], ErrorCode.MALFORMED_ENCODING),
     ],
     ids=[
         "sized-truncated",
@@ -139,6 +158,8 @@ def test_zstd_frames_decode_to_the_body(data):
         "unsized-one-byte-over",
         "two-frames-over",
         "bomb-declaring-little",
+        "empty-then-garbage",
+        "empty-truncated",
     ],
 )
 def test_bad_or_oversized_zstd_is_refused(data, code):

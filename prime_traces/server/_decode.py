@@ -30,6 +30,7 @@ _ZSTD_STEP_BYTES = 1024
 _ZSTD_HEADER_MAX_BYTES = 18  # magic, descriptor, window, dictionary id, content size
 _INFLATE_STEP_BYTES = 8 << 20
 _GZIP_MIN_MEMBER_BYTES = 18  # a 10-byte header, an empty deflate block at least, an 8-byte trailer
+_DEFLATE_MAX_RATIO = 1032  # deflate's largest expansion: 258 bytes per 2 bits
 
 
 @dataclass
@@ -216,7 +217,9 @@ def _gunzip(
     pending: bytes | memoryview = data
     first_step = _INFLATE_STEP_BYTES
     if len(data) >= _GZIP_MIN_MEMBER_BYTES:
-        first_step = max(first_step, int.from_bytes(data[-4:], "little") + 1)
+        # No more than the data could inflate to: a small body's trailer cannot charge the budget much.
+        claimed = min(int.from_bytes(data[-4:], "little") + 1, _DEFLATE_MAX_RATIO * len(data))
+        first_step = max(first_step, claimed)
     try:
         while pending:
             inflater = inflate.decompressobj(wbits=31)
@@ -283,8 +286,8 @@ def _unzstd_one_frame(dctx: Any, data: memoryview, limit_bytes: int, out: _Outpu
         declared = zstandard.frame_content_size(data[:_ZSTD_HEADER_MAX_BYTES])
     except zstandard.ZstdError:
         return None
-    if declared < 0:
-        return None
+    if declared <= 0:
+        return None  # zstd answers a frame that declares nothing with nothing, whatever follows it
     if declared > limit_bytes:
         raise _too_large(limit_bytes)  # refused from the header, before any output
     out.take(declared)
