@@ -217,7 +217,7 @@ class _Episode:
         try:
             if self.signum == signal.SIGINT:
                 _interrupt.tell(self.runs)
-            finishers, unstarted = [], []
+            finishers = []
             for hooks in self.runs:
                 finisher = threading.Thread(
                     target=hooks._finish_on_signal,
@@ -228,13 +228,12 @@ class _Episode:
                 try:
                     finisher.start()
                 except RuntimeError:  # out of threads, or (Python 3.12+) the main thread reached shutdown first
-                    unstarted.append(hooks)
+                    self.unfinished.append(hooks)
                     continue
                 finishers.append(finisher)
             # Finished here, or the signal delivered again would end the process with them
             # unfinished; what is left when the exit hook stops waiting, it finishes itself.
-            self.unfinished.extend(unstarted)
-            for hooks in unstarted:
+            for hooks in list(self.unfinished):
                 hooks._finish_on_signal(self.status, self.deadline)
                 self.unfinished.remove(hooks)
             for finisher in finishers:

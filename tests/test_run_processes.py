@@ -174,51 +174,34 @@ run.log(Metrics(), step=1)
     assert get(service, f"runs/{run_id}")["status"] == "crashed"
 
 
-def test_sigterm_whose_finisher_cannot_start_still_records_crashed(service, tmp_path):
-    # Under load the main thread may reach interpreter shutdown before the signal's
-    # helper starts its finisher thread; Python 3.12+ then refuses to start it. The
-    # script refuses as 3.12 does, on every Python, so the path is taken every time.
+@pytest.mark.parametrize(
+    ("refusal", "after"),
+    [
+        # Under load the main thread may reach interpreter shutdown before the signal's helper
+        # starts its finisher thread; Python 3.12+ then refuses to start it. The script refuses
+        # as 3.12 does, on every Python, so the path is taken every time.
+        ("can't create new thread at interpreter shutdown", ""),
+        # Out of threads without shutting down: the script goes on after log(), so no exit hook
+        # runs before the signal, delivered again once the helper is done, ends the process.
+        ("can't start new thread", "time.sleep(60)"),
+    ],
+    ids=["at-shutdown", "script-runs-on"],
+)
+def test_sigterm_whose_finisher_cannot_start_still_records_crashed(service, tmp_path, refusal, after):
     proc = start(
         SIGNALLING_METRICS
-        + """
-import threading
-
-def refuse(self):
-    raise RuntimeError("can't create new thread at interpreter shutdown")
-
-run = prime_runs.init("signalled", finish_timeout_s=10)
-run.log_episodes(episodes("e", 3))
-print(run.id)
-threading.Thread.start = refuse
-run.log(Metrics(), step=1)
-""",
-        service,
-        tmp_path,
-    )
-    run_id = first_line(proc)
-    _out, err = finish_process(proc)
-    assert proc.returncode == -signal.SIGTERM, err
-    assert get(service, f"runs/{run_id}")["status"] == "crashed", err
-    assert sorted(stored_episodes(service)) == ["e0", "e1", "e2"]
-
-
-def test_sigterm_whose_finisher_cannot_start_while_the_script_runs_on_still_records_crashed(service, tmp_path):
-    # Out of threads without shutting down: the script goes on after log(), so no exit hook
-    # runs before the signal, delivered again once the helper is done, ends the process.
-    proc = start(
-        SIGNALLING_METRICS
-        + """
+        + f"""
 import threading, time
 
 def refuse(self):
-    raise RuntimeError("can't start new thread")
+    raise RuntimeError({refusal!r})
 
 run = prime_runs.init("signalled", finish_timeout_s=10)
 run.log_episodes(episodes("e", 3))
 print(run.id)
 threading.Thread.start = refuse
 run.log(Metrics(), step=1)
-time.sleep(60)
+{after}
 """,
         service,
         tmp_path,

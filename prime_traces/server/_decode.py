@@ -244,11 +244,11 @@ def _gunzip(
 
 def _unzstd(data: memoryview, limit_bytes: int, *, charge: MemoryCharge | None = None) -> bytes | bytearray:
     out = _Output(limit_bytes, charge)
-    pos, size = 0, len(data)
     dctx = zstandard.ZstdDecompressor()
     one = _unzstd_one_frame(dctx, data, limit_bytes, out)
     if one is not None:
         return one
+    pos, size = 0, len(data)
     try:
         while pos < size:
             frame = dctx.decompressobj()
