@@ -10,13 +10,15 @@ instead of duplicating. Nothing here does I/O except :func:`iter_file_lines`.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
 from collections.abc import Iterable, Iterator
 
+from prime_traces._body_buffers import BODY_BUFFERS, BUFFER_BYTES
 from prime_traces.errors import TraceTooLargeError
 
-DEFAULT_TARGET_BATCH_BYTES = 30 * 1024**2
+DEFAULT_TARGET_BATCH_BYTES = BUFFER_BYTES  # 30 MiB: a body this size is joined into a reused buffer
 MAX_LINE_BYTES = 64 * 1024**2
 MAX_BATCH_BYTES = 256 * 1024**2
 MAX_BATCH_LINES = 1_000_000
@@ -51,10 +53,12 @@ def line_size(line: bytes | LineParts) -> int:
 class Batch:
     """One upload's worth of JSONL: the exact body and where its lines came from.
 
-    ``body`` is joined and ``key`` hashed lazily, once, on the first thread
+    The body is joined and ``key`` hashed lazily, once, on the first thread
     that asks (an upload pool thread, not the producer). Both are safe to read
     from several threads. After the join the per-line pieces are released, so
-    a queued batch holds one copy of its bytes::
+    a queued batch holds one copy of its bytes; a large one is joined into a
+    reused buffer (``prime_traces._body_buffers``), given back when the batch
+    is released::
 
         batch = next(iter_batches([b'{"id": "a"}']))
         batch.body   # b'{"id": "a"}\\n'
@@ -69,6 +73,7 @@ class Batch:
         "_parts",
         "_body",
         "_key",
+        "_buffer",
         "_lock",
         "_released",
     )
@@ -85,7 +90,8 @@ class Batch:
         #: Uncompressed length of ``body``, newlines included.
         self.size_bytes = size_bytes
         self._parts: list[bytes] | None = parts
-        self._body: bytes | None = None
+        self._body: bytes | memoryview | None = None
+        self._buffer: mmap.mmap | None = None
         self._key: str | None = None
         self._lock = threading.Lock()
         self._released = False
@@ -97,7 +103,17 @@ class Batch:
 
     @property
     def body(self) -> bytes:
-        """The exact uncompressed bytes to upload, each line ending in ``\\n``."""
+        """The exact uncompressed bytes to upload, each line ending in ``\\n`` (a copy when :attr:`data` is a view)."""
+        data = self.data
+        return data if isinstance(data, bytes) else data.tobytes()
+
+    @property
+    def data(self) -> bytes | memoryview:
+        """:attr:`body` in place, to hash and compress: bytes, or a read-only view of a reused buffer.
+
+        A view is valid until :meth:`release`, which gives its buffer back for
+        another batch: read it only while the batch is being sent.
+        """
         body = self._body
         if body is None:
             with self._lock:
@@ -105,7 +121,11 @@ class Batch:
                     raise RuntimeError(f"batch {self.index} was committed and its bytes released")
                 if self._body is None:
                     assert self._parts is not None
-                    self._body = b"".join(self._parts)
+                    joined = BODY_BUFFERS.join(self._parts, self.size_bytes)
+                    if joined is None:
+                        self._body = b"".join(self._parts)
+                    else:
+                        self._buffer, self._body = joined
                     self._parts = None
                 body = self._body
         return body
@@ -115,7 +135,7 @@ class Batch:
         """``sha256:<hex>`` of :attr:`body`: the upload's idempotency key."""
         key = self._key
         if key is None:
-            digest = hashlib.sha256(self.body).hexdigest()
+            digest = hashlib.sha256(self.data).hexdigest()
             # Two threads may race to hash; both get the same value, so the
             # plain assignment needs no lock.
             key = self._key = f"sha256:{digest}"
@@ -127,8 +147,15 @@ class Batch:
             return
         with self._lock:
             self._released = True
-            self._body = None
-            self._parts = None
+            body, buffer = self._body, self._buffer
+            self._body = self._buffer = self._parts = None
+        if buffer is not None:
+            assert isinstance(body, memoryview)
+            try:
+                body.release()
+            except BufferError:  # still being read (it should not be): that buffer is not reused
+                return
+            BODY_BUFFERS.give_back(buffer)
 
     @property
     def lines(self) -> list[bytes]:

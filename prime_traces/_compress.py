@@ -52,7 +52,9 @@ def _zstd_compressor(level: int) -> zstandard.ZstdCompressor:
     return compressor
 
 
-def compress(body: bytes, coding: str | None, *, zstd_level: int = DEFAULT_ZSTD_LEVEL) -> bytes:
+def compress(
+    body: bytes | memoryview, coding: str | None, *, zstd_level: int = DEFAULT_ZSTD_LEVEL
+) -> bytes | memoryview:
     """Encode ``body`` for a ``Content-Encoding`` of ``coding``.
 
     - ``"gzip"``: one gzip member, mtime 0, so the same body always gives
@@ -63,7 +65,7 @@ def compress(body: bytes, coding: str | None, *, zstd_level: int = DEFAULT_ZSTD_
       copying its output).
     - ``"zstd"``: one zstd frame at ``zstd_level`` with the content size in
       its header, so the service can bound decompression up front.
-    - ``"identity"`` or ``None``: ``body`` unchanged.
+    - ``"identity"`` or ``None``: ``body`` unchanged (a view stays a view).
 
     Safe to call from several threads at once.
     """

@@ -164,7 +164,7 @@ class Sender:
             + f"\r\n--{boundary}\r\n{part_headers}\r\n".encode()
         )
         body = b"".join(
-            (head, compress(batch.body, coding, zstd_level=self.zstd_level), f"\r\n--{boundary}--\r\n".encode())
+            (head, compress(batch.data, coding, zstd_level=self.zstd_level), f"\r\n--{boundary}--\r\n".encode())
         )
         headers = {"Idempotency-Key": key, "Content-Type": f"multipart/form-data; boundary={boundary}"}
         if line_format == "episode":

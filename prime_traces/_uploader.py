@@ -219,6 +219,8 @@ class Upload:
             self.report.batches.append(outcome)
             if outcome.status is BatchStatus.COMMITTED:
                 assert outcome.receipt is not None
+                # Its done-callback may not have run yet: released here, before the upload returns.
+                batch.release()
                 self.receipts.append(outcome.receipt)
                 self._announce(batch, outcome.receipt)
             elif self.failure is None:

@@ -17,6 +17,7 @@ from prime_traces._batching import (
     LineParts,
     iter_file_lines,
 )
+from prime_traces._body_buffers import BODY_BUFFERS
 from prime_traces._compress import COMPRESSION_CHOICES, DEFAULT_ZSTD_LEVEL, CodingSelector
 from prime_traces._encode import encode_record_parts, is_episode
 from prime_traces._models import UploadReceipt
@@ -233,6 +234,7 @@ class TracesClient(ReadAPI, RunsAPI):
         self._closed.set()
         self._pool.shutdown(wait=False)  # never waits: a hung request must not hold up close()
         self._transport.close()
+        BODY_BUFFERS.trim()  # the idle body buffers go back to the system
 
     def __enter__(self) -> TracesClient:
         return self

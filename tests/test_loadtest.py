@@ -10,7 +10,7 @@ import pytest
 from _run_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
-from _loadtest_targets import efficiency_bound, share_factors
+from _loadtest_targets import _window_speedup, efficiency_bound, share_factors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -61,3 +61,18 @@ def test_the_share_of_the_ceiling_is_exactly_efficiency_times_busy_and_the_bound
     assert efficiency * busy == pytest.approx(share)
     # The upload thread's 3.5 s becomes (1.6 + 0.7) ms/MB x 800 MB = 1.84 s; the other 6.5 s stay.
     assert efficiency_bound(row, ceiling) == pytest.approx(6.0 / (6.5 + 1.84))
+
+
+def test_the_window_target_says_what_8_in_flight_would_need_beside_the_run_without_network():
+    def row(scenario, variant, mb_s, **extra):
+        base = {"scenario": scenario, "variant": variant, "sdk": "ours", "mb_s": mb_s, "json_bytes": 600e6}
+        return base | {"wall_s": 600 / mb_s, "cpu_s": 3.0, "service_cpu_s_all": 1.0, "uploads_all": 20} | extra
+
+    one = row("b", "max_in_flight=1", 100.0, wire_mb_all=80.0)  # 4 MB per batch on the wire: n = 0.14 s
+    eight = row("b", "max_in_flight=8", 250.0)
+    text, passed = _window_speedup([one, eight], {})
+    assert "2.50x over 1 in flight; bound 3.40x" in text and not passed  # c = 4 s / 20 = 0.2 s
+    assert "(a)" not in text
+    text, _ = _window_speedup([one, eight, row("a", "defaults", 280.0)], {})
+    asked = "0.9 of the bound asks 306 MB/s at 8 in flight, 1.09x what (a) did with no network time (280 MB/s)"
+    assert text.endswith(asked)

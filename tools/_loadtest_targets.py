@@ -180,6 +180,13 @@ def _window_speedup(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
         f"{cpu * 1e3:.0f} ms at 1 in flight, {cpu8 * 1e3:.0f} ms at 8; at 8 the run's own CPU on two cores "
         f"allows {floor_ratio:.2f}x, and it kept them {ratio / floor_ratio:.2f} busy"
     )
+    free = _pick(rows, "a", variant="defaults")
+    if free:  # the same work with no network time at all: what 8 in flight can approach, not pass
+        needed = 0.9 * bound * r1["mb_s"]
+        text += (
+            f"; 0.9 of the bound asks {needed:.0f} MB/s at 8 in flight, "
+            f"{needed / free[0]['mb_s']:.2f}x what (a) did with no network time ({free[0]['mb_s']:.0f} MB/s)"
+        )
     return text, ratio >= 0.9 * bound
 
 
