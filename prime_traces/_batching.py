@@ -56,9 +56,10 @@ class Batch:
     The body is joined and ``key`` hashed lazily, once, on the first thread
     that asks (an upload pool thread, not the producer). Both are safe to read
     from several threads. After the join the per-line pieces are released, so
-    a queued batch holds one copy of its bytes; a large one is joined into a
-    reused buffer (``prime_traces._body_buffers``), given back when the batch
-    is released::
+    a queued batch holds one copy of its bytes. With ``reuse_buffers`` (the
+    client's uploads) a large body is joined into a buffer reused from batch
+    to batch (``prime_traces._body_buffers``) and given back by
+    :meth:`release`; a batch never released frees it when collected::
 
         batch = next(iter_batches([b'{"id": "a"}']))
         batch.body   # b'{"id": "a"}\\n'
@@ -74,11 +75,14 @@ class Batch:
         "_body",
         "_key",
         "_buffer",
+        "_reuse",
         "_lock",
         "_released",
     )
 
-    def __init__(self, index: int, parts: list[bytes], line_indexes: list[int], size_bytes: int):
+    def __init__(
+        self, index: int, parts: list[bytes], line_indexes: list[int], size_bytes: int, reuse_buffers: bool = False
+    ):
         if not line_indexes:
             raise ValueError("a batch holds at least one line")
         #: 0-based number of this batch within its upload.
@@ -92,6 +96,7 @@ class Batch:
         self._parts: list[bytes] | None = parts
         self._body: bytes | memoryview | None = None
         self._buffer: mmap.mmap | None = None
+        self._reuse = reuse_buffers
         self._key: str | None = None
         self._lock = threading.Lock()
         self._released = False
@@ -109,10 +114,11 @@ class Batch:
 
     @property
     def data(self) -> bytes | memoryview:
-        """:attr:`body` in place, to hash and compress: bytes, or a read-only view of a reused buffer.
+        """:attr:`body` in place, to hash and compress: bytes, or, with ``reuse_buffers``, a read-only view.
 
         A view is valid until :meth:`release`, which gives its buffer back for
-        another batch: read it only while the batch is being sent.
+        another batch: read it only while the batch is being sent, and keep
+        no slice of it.
         """
         body = self._body
         if body is None:
@@ -121,7 +127,12 @@ class Batch:
                     raise RuntimeError(f"batch {self.index} was committed and its bytes released")
                 if self._body is None:
                     assert self._parts is not None
-                    joined = BODY_BUFFERS.join(self._parts, self.size_bytes)
+                    joined = None
+                    if self._reuse:
+                        try:
+                            joined = BODY_BUFFERS.join(self._parts, self.size_bytes)
+                        except (ValueError, OSError):  # sizes that do not add up, no memory: joined as bytes
+                            joined = None
                     if joined is None:
                         self._body = b"".join(self._parts)
                     else:
@@ -193,6 +204,8 @@ class Batcher:
         self,
         target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
         max_batch_lines: int = MAX_BATCH_LINES,
+        *,
+        reuse_buffers: bool = False,
     ) -> None:
         if isinstance(target_batch_bytes, bool) or not isinstance(target_batch_bytes, int):
             raise TypeError("target_batch_bytes must be an int")
@@ -207,6 +220,7 @@ class Batcher:
             raise ValueError(f"max_batch_lines must be between 1 and {MAX_BATCH_LINES}, got {max_batch_lines}")
         self.target_batch_bytes = target_batch_bytes
         self.max_batch_lines = max_batch_lines
+        self.reuse_buffers = reuse_buffers
         self._next_index = 0
         self._parts: list[bytes] = []
         self._line_indexes: list[int] = []
@@ -268,7 +282,7 @@ class Batcher:
         return self._take() if self._line_indexes else None
 
     def _take(self) -> Batch:
-        batch = Batch(self._next_index, self._parts, self._line_indexes, self._size)
+        batch = Batch(self._next_index, self._parts, self._line_indexes, self._size, self.reuse_buffers)
         self._next_index += 1
         self._parts = []
         self._line_indexes = []
@@ -292,6 +306,7 @@ def iter_batches(
     target_batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES,
     max_batch_lines: int = MAX_BATCH_LINES,
     first_batch_bytes: int | None = None,
+    reuse_buffers: bool = False,
 ) -> Iterator[Batch]:
     """Yield the batches of ``lines`` (bytes or ``str``, UTF-8 encoded), lazily.
 
@@ -299,10 +314,12 @@ def iter_batches(
     yield nothing. An oversized line raises :class:`TraceTooLargeError` before
     the batch that would hold it is yielded. With ``first_batch_bytes`` the
     first batch closes at that size instead (a small first request), the
-    rest at ``target_batch_bytes``.
+    rest at ``target_batch_bytes``. With ``reuse_buffers`` a large body is
+    joined into a buffer reused from batch to batch, given back by
+    :meth:`Batch.release` (what the client's uploads do; see :class:`Batch`).
     """
     first = min(first_batch_bytes, target_batch_bytes) if first_batch_bytes else target_batch_bytes
-    batcher = Batcher(target_batch_bytes=first, max_batch_lines=max_batch_lines)
+    batcher = Batcher(target_batch_bytes=first, max_batch_lines=max_batch_lines, reuse_buffers=reuse_buffers)
     for input_index, line in enumerate(lines):
         closed = batcher.add(_as_bytes(line, input_index), input_index)
         if closed is not None:

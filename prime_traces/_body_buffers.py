@@ -9,15 +9,17 @@ process's mmap threshold to its size and the trim threshold to twice that
 thread's arena keeps its high-water mark. The load test measured most of the
 memory above its workload there (``docs/benchmarks.md``).
 
-A body of at least :data:`MIN_POOLED_BYTES`, at most :data:`BUFFER_BYTES` and
-made of pieces of :data:`MIN_MEAN_PART_BYTES` on average (records of episode
+A batch the client uploads (``iter_batches(reuse_buffers=True)``) whose body
+is at least :data:`MIN_POOLED_BYTES`, at most :data:`BUFFER_BYTES` and made of
+``bytes`` pieces of :data:`MIN_MEAN_PART_BYTES` on average (records of episode
 size, not many small lines, which ``bytes.join`` copies faster than a Python
-loop) is joined instead into an anonymous memory map from a process-wide free
-list, and given back when its batch commits. A reused map is already in
-memory, so a body costs no page faults; at most :data:`MAX_IDLE_BUFFERS` wait
-unused, the rest are unmapped at once, and :meth:`BodyBuffers.trim` unmaps
-the idle ones (a client does when it closes). The copy goes in slices of
-:data:`COPY_SLICE_BYTES`, so no single step holds the GIL for long.
+loop) is joined instead into a private anonymous memory map from a
+process-wide free list, and given back when the batch commits. A reused map
+is already in memory, so a body costs no page faults; at most
+:data:`MAX_IDLE_BUFFERS` wait unused, the rest are unmapped at once, and
+:meth:`BodyBuffers.trim` unmaps the idle ones (a client does when it closes).
+The copy goes in slices of :data:`COPY_SLICE_BYTES`, so no single step holds
+the GIL for long.
 """
 
 from __future__ import annotations
@@ -43,13 +45,17 @@ COPY_SLICE_BYTES = 1024**2
 class BodyBuffers:
     """A free list of anonymous memory maps that batch bodies are joined into.
 
-    Thread-safe. After ``fork`` the child starts with an empty list. A body
-    joined here is a read-only view that stays valid until its buffer is
-    given back: only give back a buffer whose views nobody reads any more.
+    Thread-safe. The maps are private: after ``fork`` the child writes to its
+    own copies, and starts with an empty list. A body joined here is a
+    read-only view that stays valid until its buffer is given back: only give
+    back a buffer whose views nobody reads any more.
 
         buffers = BodyBuffers()
-        buffer, body = buffers.join([b'{"id": "a"}', b"\\n"] * 40_000, 480_000)  # None: join as bytes
-        buffers.give_back(buffer)
+        joined = buffers.join([b"x" * 99_999 + b"\\n"] * 20, 2_000_000)  # None: join it as bytes
+        if joined is not None:
+            buffer, body = joined  # ... hash and send body ...
+            body.release()
+            buffers.give_back(buffer)
     """
 
     def __init__(self, buffer_bytes: int = BUFFER_BYTES, max_idle: int = MAX_IDLE_BUFFERS) -> None:
@@ -74,15 +80,17 @@ class BodyBuffers:
         return len(self._idle)
 
     def fits(self, size: int, parts: int) -> bool:
-        """Whether a body of ``size`` bytes in ``parts`` pieces is joined here."""
+        """Whether a body of ``size`` bytes in ``parts`` pieces is joined here (they must be ``bytes`` too)."""
         return MIN_POOLED_BYTES <= size <= self.buffer_bytes and parts * MIN_MEAN_PART_BYTES <= size
 
     def join(self, parts: Sequence[bytes], size: int) -> tuple[mmap.mmap, memoryview] | None:
         """Copy ``parts`` (``size`` bytes in all) into a buffer: the buffer and a read-only view of the body.
 
-        ``None`` when the body is not joined here (:meth:`fits`).
+        ``None`` when the body is not joined here (:meth:`fits`, or a piece
+        that is not ``bytes``); ``ValueError`` when the pieces do not hold
+        ``size`` bytes, ``OSError`` when no memory could be mapped.
         """
-        if not self.fits(size, len(parts)):
+        if not self.fits(size, len(parts)) or not all(type(part) is bytes for part in parts):
             return None
         buffer = self._take()
         view = memoryview(buffer)
@@ -113,6 +121,8 @@ class BodyBuffers:
     def give_back(self, buffer: mmap.mmap) -> None:
         """Keep ``buffer`` for the next body, or unmap it when enough wait already."""
         with self._lock:
+            if any(idle is buffer for idle in self._idle):
+                return  # given back twice (a copied batch released twice): two bodies must never share it
             if len(self._idle) < self.max_idle:
                 self._idle.append(buffer)
                 return
@@ -129,11 +139,19 @@ class BodyBuffers:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
+        buffer = _map(self.buffer_bytes)
+        with self._lock:
             self.created += 1
-        return mmap.mmap(-1, self.buffer_bytes)
+        return buffer
 
     def __repr__(self) -> str:
         return f"BodyBuffers(buffer_bytes={self.buffer_bytes}, idle={self.idle}, created={self.created})"
+
+
+def _map(size: int) -> mmap.mmap:
+    # Private: mmap's own default on POSIX is a shared map, which a forked child would write into.
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    return mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
 
 
 def _unmap(buffer: mmap.mmap) -> None:

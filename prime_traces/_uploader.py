@@ -114,7 +114,9 @@ class Upload:
 
     def _run(self, lines: Iterable[Any]) -> list[UploadReceipt]:
         probe = PROBE_BATCH_BYTES if self.sender.selector.probing else None
-        batches = iter_batches(lines, target_batch_bytes=self.settings.target_batch_bytes, first_batch_bytes=probe)
+        batches = iter_batches(
+            lines, target_batch_bytes=self.settings.target_batch_bytes, first_batch_bytes=probe, reuse_buffers=True
+        )
         exhausted = False
         # A batch pulled before it had a slot: with nothing of ours in flight, the
         # upload learns whether anything is left before it waits for a slot that
@@ -256,6 +258,7 @@ class Upload:
             self.report.batches.append(outcome)
             if outcome.status is BatchStatus.COMMITTED:
                 assert outcome.receipt is not None
+                batch.release()
                 self.receipts.append(outcome.receipt)
                 self._announce(batch, outcome.receipt)
 
