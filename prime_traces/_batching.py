@@ -9,6 +9,7 @@ instead of duplicating. Nothing here does I/O except :func:`iter_file_lines`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -129,10 +130,9 @@ class Batch:
                     assert self._parts is not None
                     joined = None
                     if self._reuse:
-                        try:
+                        # Sizes that do not add up, no memory to map: joined as bytes.
+                        with contextlib.suppress(ValueError, OSError):
                             joined = BODY_BUFFERS.join(self._parts, self.size_bytes)
-                        except (ValueError, OSError):  # sizes that do not add up, no memory: joined as bytes
-                            joined = None
                     if joined is None:
                         self._body = b"".join(self._parts)
                     else:

@@ -221,16 +221,16 @@ class Upload:
             self.report.batches.append(outcome)
             if outcome.status is BatchStatus.COMMITTED:
                 assert outcome.receipt is not None
-                # Its done-callback may not have run yet: released here, before the upload returns.
-                batch.release()
-                self.receipts.append(outcome.receipt)
-                self._announce(batch, outcome.receipt)
+                self._committed(batch, outcome.receipt)
             elif self.failure is None:
                 self.failure = outcome.error
         if self.failure is None and self._first_error is not None:
             self.failure = self._first_error[1]
 
-    def _announce(self, batch: Batch, receipt: UploadReceipt) -> None:
+    def _committed(self, batch: Batch, receipt: UploadReceipt) -> None:
+        # Its done-callback may not have run yet: released here, so its buffer is back before the upload returns.
+        batch.release()
+        self.receipts.append(receipt)
         # Committed batches are announced even after a failure elsewhere:
         # they are stored, and the caller's accounting must say so.
         if self.on_batch is not None and not self._on_batch_failed:
@@ -258,9 +258,7 @@ class Upload:
             self.report.batches.append(outcome)
             if outcome.status is BatchStatus.COMMITTED:
                 assert outcome.receipt is not None
-                batch.release()
-                self.receipts.append(outcome.receipt)
-                self._announce(batch, outcome.receipt)
+                self._committed(batch, outcome.receipt)
 
     def _error(self, cancelled: bool) -> UploadError:
         first = self.report.first_failure
