@@ -10,7 +10,8 @@ import pytest
 from _run_helpers import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
-from _loadtest_targets import _window_speedup, efficiency_bound, share_factors
+from _loadtest_floors import _lag_probe
+from _loadtest_targets import _lag, _window_speedup, efficiency_bound, share_factors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,3 +77,22 @@ def test_the_window_target_says_what_8_in_flight_would_need_beside_the_run_witho
     text, _ = _window_speedup([one, eight, row("a", "defaults", 280.0)], {})
     asked = "0.9 of the bound asks 306 MB/s at 8 in flight, 1.09x what (a) did with no network time (280 MB/s)"
     assert text.endswith(asked)
+
+
+def test_the_lag_target_states_the_floor_measured_without_an_sdk_and_keeps_its_verdict():
+    row = {"scenario": "a", "variant": "defaults", "sdk": "ours", "lag_samples": 2000}
+    floor = {"cores": 2, "lag_floor_p99_ms": 4.0, "lag_floor_max_ms": 9.5}
+    floor |= {"lag_floor_alone_p99_ms": 1.0, "lag_floor_alone_max_ms": 2.5}
+    text, passed = _lag([row | {"lag_p99_ms": 5.2, "lag_max_ms": 9.2}], floor)
+    assert text.startswith("p99 5.2 ms, max 9.2 ms. The floor here, with no SDK:") and not passed
+    assert "2 spinning processes: p99 4.0 ms, max 9.5 ms (without the spinning processes: p99 1.0 ms" in text
+    assert text.endswith("ours is 1.30x the floor's p99")
+    text, passed = _lag([row | {"lag_p99_ms": 4.9, "lag_max_ms": 14.9}], {})
+    assert text == "p99 4.9 ms, max 14.9 ms" and passed  # no floor measured (the smoke run): the figures alone
+
+
+def test_the_lag_floor_probe_runs_its_python_thread_beside_the_event_loop():
+    # Orders of magnitude only: the probe must sample, and the thread it measures beside must have run.
+    report = _lag_probe(0.3)
+    assert report["samples"] > 10 and report["python_loops"] > 10
+    assert 0.0 <= report["p99_ms"] <= report["max_ms"] < 300_000

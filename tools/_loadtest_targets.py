@@ -50,7 +50,7 @@ def _log_max(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
         f"gave up its core {waits} times waiting (the GIL, a lock) and was preempted {preempted} times; "
         f"the garbage collector {gc_ms:.2f} ms"
     )
-    if "crowded_median_ms" in ceiling:  # measured before the scenarios (_loadtest_parts.measure_pauses)
+    if "crowded_median_ms" in ceiling:  # measured before the scenarios (_loadtest_floors.measure_pauses)
         cores = ceiling.get("cores", 2)
         text += (
             ". A thread waiting for the GIL while another runs Python waits at least a switch interval "
@@ -63,12 +63,24 @@ def _log_max(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
     return text, worst["log_max_ms"] <= 1.0
 
 
-def _lag(rows: Rows, _ceiling: Ceiling) -> tuple[str, bool] | None:
+def _lag(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
     probed = [r for r in rows if r["sdk"] == "ours" and r["lag_samples"]]
     if not probed:
         return None
     p99, worst = max(r["lag_p99_ms"] for r in probed), max(r["lag_max_ms"] for r in probed)
-    return f"p99 {p99:.1f} ms, max {worst:.1f} ms", p99 <= 5.0 and worst <= 15.0
+    text = f"p99 {p99:.1f} ms, max {worst:.1f} ms"
+    if "lag_floor_p99_ms" in ceiling:  # measured before the scenarios (_loadtest_floors.measure_lag_floor)
+        cores = ceiling.get("cores", 2)
+        text += (
+            f". The floor here, with no SDK: the same probe beside one thread of pure Python (it offers the GIL "
+            f"every few bytecodes) and {cores:.0f} spinning processes: p99 {ceiling['lag_floor_p99_ms']:.1f} ms, "
+            f"max {ceiling['lag_floor_max_ms']:.1f} ms (without the spinning processes: p99 "
+            f"{ceiling['lag_floor_alone_p99_ms']:.1f} ms, max {ceiling['lag_floor_alone_max_ms']:.1f}); "
+            f"ours is {p99 / ceiling['lag_floor_p99_ms']:.2f}x the floor's p99"
+            if ceiling["lag_floor_p99_ms"] > 0
+            else ""
+        )
+    return text, p99 <= 5.0 and worst <= 15.0
 
 
 def _share_and_published(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:

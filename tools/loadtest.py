@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from _loadgen import Templates, production_sizes
-from _loadtest_parts import Service, measure_ceiling, measure_pauses, start_producer, wait_producer
+from _loadtest_floors import measure_lag_floor, measure_pauses
+from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
 from _loadtest_targets import slowest_call, verdicts
 
 from prime_runs._workload import generate_episode
@@ -309,8 +310,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
         test = LoadTest(args, tmp)
         ceiling = test.ceiling()
-        if not args.smoke:  # 8 s of spinning: what a preempted thread waits here
+        if not args.smoke:  # 17 s beside spinning processes: what this machine leaves a caller's thread
             ceiling.update(measure_pauses())
+            ceiling.update(measure_lag_floor())
         for name in args.scenarios.split(","):
             getattr(test, name.strip())()
     command = "python tools/loadtest.py " + " ".join(sys.argv[1:])
