@@ -9,9 +9,12 @@ import sys
 import pytest
 from _run_helpers import REPO
 
+from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
+
 sys.path.insert(0, str(REPO / "tools"))
+import _loadtest_floors
 from _loadtest_floors import _lag_probe
-from _loadtest_targets import _lag, _window_speedup, efficiency_bound, share_factors
+from _loadtest_targets import _lag, _log_max, _window_speedup, efficiency_bound, share_factors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -79,20 +82,68 @@ def test_the_window_target_says_what_8_in_flight_would_need_beside_the_run_witho
     assert text.endswith(asked)
 
 
-def test_the_lag_target_states_the_floor_measured_without_an_sdk_and_keeps_its_verdict():
-    row = {"scenario": "a", "variant": "defaults", "sdk": "ours", "lag_samples": 2000}
-    floor = {"cores": 2, "lag_floor_p99_ms": 4.0, "lag_floor_max_ms": 9.5}
-    floor |= {"lag_floor_alone_p99_ms": 1.0, "lag_floor_alone_max_ms": 2.5}
-    text, passed = _lag([row | {"lag_p99_ms": 5.2, "lag_max_ms": 9.2}], floor)
-    assert text.startswith("p99 5.2 ms, max 9.2 ms. The floor here, with no SDK:") and not passed
-    assert "2 spinning processes: p99 4.0 ms, max 9.5 ms (without the spinning processes: p99 1.0 ms" in text
-    assert text.endswith("ours is 1.30x the floor's p99")
-    text, passed = _lag([row | {"lag_p99_ms": 4.9, "lag_max_ms": 14.9}], {})
-    assert text == "p99 4.9 ms, max 14.9 ms" and passed  # no floor measured (the smoke run): the figures alone
+def test_the_lag_target_states_the_floors_measured_without_an_sdk_and_keeps_its_verdict():
+    row = {"scenario": "a", "sdk": "ours", "lag_samples": 2000}
+    rows = [row | {"variant": "defaults", "lag_p99_ms": 5.1, "lag_max_ms": 9.1}]
+    rows.append(row | {"variant": "gzip", "lag_p99_ms": 5.2, "lag_max_ms": 12.6})
+    floors = {"lag_floor_spinners": 3, "lag_floor_p99_ms": 4.0, "lag_floor_max_ms": 9.5}
+    floors |= {"lag_floor_busy_spinners": 2, "lag_floor_busy_p99_ms": 0.7, "lag_floor_busy_max_ms": 6.5}
+    floors |= {"lag_floor_alone_p99_ms": 1.0, "lag_floor_alone_max_ms": 2.5}
+    text, passed = _lag(rows, floors)
+    assert not passed  # the floor explains, it never passes
+    assert text == (
+        "p99 5.2 ms (a gzip), max 12.6 ms. The floor here, with no SDK: the same probe beside one thread of "
+        "pure Python (it lets go of the GIL within a few bytecodes once another thread has waited a switch "
+        "interval for it), with one thread more than cores (3 spinning processes) p99 4.0 ms, max 9.5; with "
+        "the cores busy (2) p99 0.7 ms, max 6.5; alone p99 1.0 ms, max 2.5. Ours at worst is 1.30x the first "
+        "floor's p99"
+    )
+    text, _ = _lag(rows, floors | {"lag_floor_p99_ms": 0.0})
+    assert text.endswith("alone p99 1.0 ms, max 2.5")  # no ratio to a floor of nothing
+    text, passed = _lag(rows[:1], {})
+    assert text == "p99 5.1 ms (a defaults), max 9.1 ms" and not passed  # no floor measured (the smoke run)
+    text, passed = _lag([rows[0] | {"lag_p99_ms": 4.9, "lag_max_ms": 14.9}], {})
+    assert passed
 
 
-def test_the_lag_floor_probe_runs_its_python_thread_beside_the_event_loop():
-    # Orders of magnitude only: the probe must sample, and the thread it measures beside must have run.
+def test_the_lag_floor_probe_runs_its_python_thread_while_it_probes_at_the_runs_switch_interval():
     report = _lag_probe(0.3)
-    assert report["samples"] > 10 and report["python_loops"] > 10
-    assert 0.0 <= report["p99_ms"] <= report["max_ms"] < 300_000
+    assert report["samples"] > 10 and report["python_loops"] > 10  # loops counted while the probe ran
+    assert report["switch_interval_s"] == pytest.approx(DEFAULT_SWITCH_INTERVAL_S)
+    assert 0.0 <= report["p99_ms"] <= report["max_ms"]
+
+
+def test_the_lag_floor_stops_its_spinning_processes_when_a_probe_fails(monkeypatch):
+    started = []
+
+    def spinners(seconds, count):
+        procs = real_spinners(seconds, count)
+        started.extend(procs)
+        return procs
+
+    calls = []
+
+    def failing_probe(seconds):  # the alone setting probes, the busy one (one spinner) fails
+        calls.append(seconds)
+        if len(calls) == 2:
+            raise RuntimeError("probe failed")
+        return {"p99_ms": 1.0, "max_ms": 2.0, "samples": 100}
+
+    real_spinners = _loadtest_floors._spinners
+    monkeypatch.setattr(_loadtest_floors, "_spinners", spinners)
+    monkeypatch.setattr(_loadtest_floors, "_lag_probe", failing_probe)
+    monkeypatch.setattr(_loadtest_floors, "_cores", lambda: 2)
+    with pytest.raises(RuntimeError, match="probe failed"):
+        _loadtest_floors.measure_lag_floor(crowded_s=0.1, busy_s=0.1, alone_s=0.1)
+    assert len(started) == 1 and started[0].returncode is not None  # started for the busy setting, stopped
+
+
+def test_the_log_target_says_a_lone_spinning_thread_never_lost_its_core_when_no_gap_was_seen():
+    row = {"scenario": "e", "variant": "two credentials", "sdk": "ours", "log_max_ms": 7.34}
+    row["log_slowest"] = [(7.34, 12, 0.05, 0.0, 5, 3)]
+    pauses = {"cores": 2, "seconds": 4.0, "crowded_median_ms": 4.0, "crowded_max_ms": 8.0, "pause_threshold_ms": 0.3}
+    text, passed = _log_max([row], pauses | {"alone_max_ms": 0.0})
+    assert "5 times waiting (the GIL, a lock) and was preempted 3 times" in text and not passed
+    assert text.endswith("alone, a spinning thread never lost its core for over 0.3 ms in 4 s")
+    text, _ = _log_max([row], pauses | {"alone_max_ms": 1.6})
+    assert text.endswith("alone, a spinning thread lost its core for at most 1.6 ms in 4 s")

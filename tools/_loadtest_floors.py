@@ -1,18 +1,21 @@
 """What this machine lets any SDK do for a caller's latency while its cores are busy: measured before the scenarios.
 
-Two floors, each measured with no SDK at all, beside as many spinning
-processes as cores (so that one more thread wants the cores than there are):
+Two floors, each measured with no SDK at all, beside processes that spin:
 
 - :func:`measure_pauses`: how long a spinning thread loses its core when
-  preempted. A ``log_episodes()`` call in a tight loop is such a thread.
+  preempted, beside as many spinning processes as cores (one thread more
+  wants a core than there are). A ``log_episodes()`` call in a tight loop is
+  such a thread.
 - :func:`measure_lag_floor`: the lag of an asyncio event loop's 1 ms probe
-  (the producer's own probe) in a process whose only other work is one
-  thread running pure Python, under the switch interval a run sets while it
-  uploads. That thread is the most willing holder of the GIL there is: it
-  offers it back every few bytecodes. When the kernel deschedules it while
-  it holds the GIL, the event loop waits for it to run again, whatever the
-  thread was doing. An uploading SDK has at least one such thread (its
-  encoder runs Python), so its lag cannot be lower than this.
+  (the producer's own probe, ``_loadtest_probes.probe_lag``) in a process
+  whose only other work is one thread running pure Python, under the switch
+  interval a run sets while it uploads: alone, with the cores busy, and with
+  one thread more than cores. That thread holds the GIL until another
+  thread has waited a switch interval for it and then lets go within a few
+  bytecodes: as willing a holder as there can be. When the kernel
+  deschedules it while it holds the GIL, the event loop waits until it runs
+  again, whatever it was doing. An uploading SDK has at least one such
+  thread (its encoder runs Python).
 
 Run as ``python tools/_loadtest_floors.py --lag-probe SECONDS`` it is the
 probing process itself (a process of its own, so that the interval it sets
@@ -30,15 +33,29 @@ import threading
 import time
 from typing import Any
 
+from _loadtest_probes import probe_lag, quantile
+
 from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
-PROBE_INTERVAL_S = 0.001  # as the producer's probe (_loadtest_producer)
 _SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 
 
-def _spinners(seconds: float) -> list[subprocess.Popen[bytes]]:
-    count = os.cpu_count() or 2
-    return [subprocess.Popen([sys.executable, "-c", _SPIN.format(seconds=seconds + 2)]) for _ in range(count)]
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may run on
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 2
+
+
+def _spinners(seconds: float, count: int) -> list[subprocess.Popen[bytes]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen([sys.executable, "-c", _SPIN.format(seconds=seconds + 2)]))
+    except BaseException:
+        _stop(procs)
+        raise
+    return procs
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -54,7 +71,7 @@ def measure_pauses(seconds: float = 4.0, threshold_s: float = 0.0003) -> dict[st
     the thread did not run.
     """
     alone = _spin_gaps(seconds, threshold_s)
-    spinners = _spinners(seconds)
+    spinners = _spinners(seconds, _cores())
     try:
         crowded = _spin_gaps(seconds, threshold_s)
     finally:
@@ -62,6 +79,7 @@ def measure_pauses(seconds: float = 4.0, threshold_s: float = 0.0003) -> dict[st
     return {
         "seconds": seconds,
         "cores": len(spinners),
+        "pause_threshold_ms": threshold_s * 1e3,
         "alone_max_ms": max(alone, default=0.0) * 1e3,
         "alone_over_1ms": sum(gap > 0.001 for gap in alone),
         "crowded_max_ms": max(crowded, default=0.0) * 1e3,
@@ -83,41 +101,42 @@ def _spin_gaps(seconds: float, threshold_s: float) -> list[float]:
     return gaps
 
 
-def measure_lag_floor(seconds: float = 6.0, alone_s: float = 3.0) -> dict[str, float]:
-    """The 1 ms probe's lag beside one thread of pure Python: alone, then crowded (keys ``lag_floor_*``)."""
-    alone = _lag_probe(alone_s)
-    spinners = _spinners(seconds)
-    try:
-        crowded = _lag_probe(seconds)
-    finally:
-        _stop(spinners)
-    return {
-        "lag_floor_seconds": seconds,
-        "lag_floor_p99_ms": crowded["p99_ms"],
-        "lag_floor_max_ms": crowded["max_ms"],
-        "lag_floor_samples": crowded["samples"],
-        "lag_floor_python_loops": crowded["python_loops"],
-        "lag_floor_alone_p99_ms": alone["p99_ms"],
-        "lag_floor_alone_max_ms": alone["max_ms"],
-    }
+def measure_lag_floor(crowded_s: float = 6.0, busy_s: float = 3.0, alone_s: float = 3.0) -> dict[str, float]:
+    """The 1 ms probe's lag beside one thread of pure Python, as the cores get busier (keys ``lag_floor_*``).
+
+    Alone; beside one spinning process fewer than cores (the cores busy,
+    nothing waiting for one); beside as many as cores (one thread more
+    wants a core than there are).
+    """
+    report: dict[str, float] = {}
+    for name, seconds, spinning in (("alone", alone_s, 0), ("busy", busy_s, _cores() - 1), ("", crowded_s, _cores())):
+        spinners = _spinners(seconds, spinning)
+        try:
+            probed = _lag_probe(seconds)
+        finally:
+            _stop(spinners)
+        prefix = f"lag_floor_{name}_" if name else "lag_floor_"
+        report |= {f"{prefix}p99_ms": probed["p99_ms"], f"{prefix}max_ms": probed["max_ms"]}
+        report |= {f"{prefix}spinners": spinning, f"{prefix}samples": probed["samples"]}
+    return report | {"lag_floor_seconds": crowded_s}
 
 
 def _lag_probe(seconds: float) -> dict[str, float]:
     command = [sys.executable, os.path.abspath(__file__), "--lag-probe", str(seconds)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
-    report: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"the lag probe failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    report: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return report
 
 
-def _quantile(values: list[float], q: float) -> float:  # as the producer's
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def probe_beside_python(seconds: float) -> dict[str, Any]:
-    """In this process: the event loop's probe for ``seconds`` while one daemon thread runs pure Python."""
+    """In this process: the event loop's probe for ``seconds`` while one daemon thread runs pure Python.
+
+    The thread holds the GIL until another thread has waited a switch interval
+    for it, then lets go within a few bytecodes: as willing a holder as there
+    can be. ``python_loops`` counts its loops while the probe ran.
+    """
     sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL_S)
     stop = threading.Event()
     loops = [0]
@@ -130,24 +149,18 @@ def probe_beside_python(seconds: float) -> dict[str, Any]:
             loops[0] += 1
 
     threading.Thread(target=python, name="pure-python", daemon=True).start()
-
-    async def probe() -> list[float]:
-        loop = asyncio.get_running_loop()
-        lags: list[float] = []
-        end = loop.time() + seconds
-        while loop.time() < end:
-            asked = loop.time()
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            lags.append(max(0.0, loop.time() - asked - PROBE_INTERVAL_S))
-        return lags
-
-    lags = asyncio.run(probe())
+    lags: list[float] = []
+    end = time.monotonic() + seconds
+    before = loops[0]
+    asyncio.run(probe_lag(lags, lambda: time.monotonic() < end))
+    during = loops[0] - before
     stop.set()
     return {
-        "p99_ms": _quantile(lags, 0.99) * 1e3,
+        "p99_ms": quantile(lags, 0.99) * 1e3,
         "max_ms": max(lags, default=0.0) * 1e3,
         "samples": len(lags),
-        "python_loops": loops[0],
+        "python_loops": during,
+        "switch_interval_s": sys.getswitchinterval(),
     }
 
 

@@ -1,4 +1,4 @@
-"""What the load test's producer measures about itself beside the calls: collector pauses, the upload thread's CPU.
+"""What the load test's producer measures about itself beside the calls: collector pauses, the upload thread's CPU, lag.
 
 Only the standard library: the published SDK's producer imports this module
 too, in a virtualenv that has none of this project's packages.
@@ -6,11 +6,32 @@ too, in a virtualenv that has none of this project's packages.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+PROBE_INTERVAL_S = 0.001
+
+
+async def probe_lag(lags: list[float], keep_going: Callable[[], bool]) -> None:
+    """The event loop's lag: how late each ``PROBE_INTERVAL_S`` sleep wakes, appended to ``lags`` (seconds)."""
+    loop = asyncio.get_running_loop()
+    while keep_going():
+        asked = loop.time()
+        await asyncio.sleep(PROBE_INTERVAL_S)
+        lags.append(max(0.0, loop.time() - asked - PROBE_INTERVAL_S))
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (0 for none): the load test's one definition of p99."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class GcPauses:

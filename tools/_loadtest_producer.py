@@ -29,9 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from _loadgen import Templates, poisoned
-from _loadtest_probes import GcPauses, UploadThreadCpu
-
-PROBE_INTERVAL_S = 0.001
+from _loadtest_probes import GcPauses, UploadThreadCpu, probe_lag, quantile
 
 
 def _cpu_s() -> float:
@@ -157,13 +155,6 @@ async def produce_beside_a_probe(
     counts: dict[str, Any] = {}
     logged_at = 0.0
 
-    async def probe() -> None:
-        loop = asyncio.get_running_loop()
-        while not done.is_set():
-            asked = loop.time()
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            lags.append(max(0.0, loop.time() - asked - PROBE_INTERVAL_S))
-
     async def producer() -> None:
         for index, size in enumerate(sizes):
             log_one(sdk, templates, index, size, poison, call_s)
@@ -174,7 +165,7 @@ async def produce_beside_a_probe(
         counts.update(await asyncio.get_running_loop().run_in_executor(None, sdk.finish, timeout_s))
         done.set()
 
-    await asyncio.gather(probe(), producer())
+    await asyncio.gather(probe_lag(lags, lambda: not done.is_set()), producer())
     return lags, counts, logged_at
 
 
@@ -204,13 +195,6 @@ def slowest_calls(call_s: list[float], count: int = 5) -> list[list[float]]:
     order = sorted(range(len(call_s)), key=lambda i: call_s[i], reverse=True)[:count]
     ms = [call_s, _CALL_CPU_S, _CALL_GC_S]
     return [[round(ms[0][i] * 1e3, 2), i, *(round(m[i] * 1e3, 2) for m in ms[1:]), *_CALL_SWITCHES[i]] for i in order]
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -253,10 +237,10 @@ def main() -> None:
         "json_bytes": sum(sizes),
         "log_max_ms": max(call_s, default=0.0) * 1e3,
         "log_slowest": slowest_calls(call_s),
-        "log_p99_ms": _quantile(call_s, 0.99) * 1e3,
+        "log_p99_ms": quantile(call_s, 0.99) * 1e3,
         # The longest a call took less the collector's pauses inside it.
         "log_max_without_gc_ms": max((t - g for t, g in zip(call_s, _CALL_GC_S)), default=0.0) * 1e3,
-        "lag_p99_ms": _quantile(lags, 0.99) * 1e3,
+        "lag_p99_ms": quantile(lags, 0.99) * 1e3,
         "lag_max_ms": max(lags, default=0.0) * 1e3,
         "lag_samples": len(lags),
         "log_s": logged_at - started,

@@ -56,10 +56,14 @@ def _log_max(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
             ". A thread waiting for the GIL while another runs Python waits at least a switch interval "
             f"({DEFAULT_SWITCH_INTERVAL_S * 1e3:g} ms while a run uploads); a preempted thread waited "
             f"{ceiling['crowded_median_ms']:.1f} ms at the median here ({cores + 1:.0f} spinning "
-            f"threads on {cores:.0f} cores; at most {ceiling['crowded_max_ms']:.1f}); alone, a "
-            f"spinning thread lost its core for at most {ceiling['alone_max_ms']:.1f} ms in "
-            f"{ceiling['seconds']:.0f} s"
+            f"threads on {cores:.0f} cores; at most {ceiling['crowded_max_ms']:.1f}); "
         )
+        alone_ms, seconds = ceiling["alone_max_ms"], ceiling["seconds"]
+        if alone_ms > 0:
+            text += f"alone, a spinning thread lost its core for at most {alone_ms:.1f} ms in {seconds:.0f} s"
+        else:  # no gap over the threshold at all
+            threshold_ms = ceiling.get("pause_threshold_ms", 0.3)
+            text += f"alone, a spinning thread never lost its core for over {threshold_ms:g} ms in {seconds:.0f} s"
     return text, worst["log_max_ms"] <= 1.0
 
 
@@ -67,20 +71,28 @@ def _lag(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
     probed = [r for r in rows if r["sdk"] == "ours" and r["lag_samples"]]
     if not probed:
         return None
-    p99, worst = max(r["lag_p99_ms"] for r in probed), max(r["lag_max_ms"] for r in probed)
-    text = f"p99 {p99:.1f} ms, max {worst:.1f} ms"
+    worst_row = max(probed, key=lambda r: r["lag_p99_ms"])
+    p99, worst = worst_row["lag_p99_ms"], max(r["lag_max_ms"] for r in probed)
+    text = f"p99 {p99:.1f} ms ({worst_row['scenario']} {worst_row['variant']}), max {worst:.1f} ms"
     if "lag_floor_p99_ms" in ceiling:  # measured before the scenarios (_loadtest_floors.measure_lag_floor)
-        cores = ceiling.get("cores", 2)
-        text += (
-            f". The floor here, with no SDK: the same probe beside one thread of pure Python (it offers the GIL "
-            f"every few bytecodes) and {cores:.0f} spinning processes: p99 {ceiling['lag_floor_p99_ms']:.1f} ms, "
-            f"max {ceiling['lag_floor_max_ms']:.1f} ms (without the spinning processes: p99 "
-            f"{ceiling['lag_floor_alone_p99_ms']:.1f} ms, max {ceiling['lag_floor_alone_max_ms']:.1f}); "
-            f"ours is {p99 / ceiling['lag_floor_p99_ms']:.2f}x the floor's p99"
-            if ceiling["lag_floor_p99_ms"] > 0
-            else ""
-        )
+        text += _lag_floor(ceiling, p99)
     return text, p99 <= 5.0 and worst <= 15.0
+
+
+def _lag_floor(ceiling: Ceiling, p99: float) -> str:
+    def floor(prefix: str) -> str:
+        return f"p99 {ceiling[prefix + 'p99_ms']:.1f} ms, max {ceiling[prefix + 'max_ms']:.1f}"
+
+    text = (
+        ". The floor here, with no SDK: the same probe beside one thread of pure Python (it lets go of the GIL "
+        "within a few bytecodes once another thread has waited a switch interval for it), with one thread more "
+        f"than cores ({ceiling['lag_floor_spinners']:.0f} spinning processes) {floor('lag_floor_')}; with the "
+        f"cores busy ({ceiling['lag_floor_busy_spinners']:.0f}) {floor('lag_floor_busy_')}; alone "
+        f"{floor('lag_floor_alone_')}"
+    )
+    if ceiling["lag_floor_p99_ms"] > 0:
+        text += f". Ours at worst is {p99 / ceiling['lag_floor_p99_ms']:.2f}x the first floor's p99"
+    return text
 
 
 def _share_and_published(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | None:
@@ -104,7 +116,7 @@ def _share_and_published(rows: Rows, ceiling: Ceiling) -> tuple[str, bool] | Non
     )
     most, walk_ms, main_ms = share_bound(ours[0], ceiling)
     text += (
-        f"; this SDK cannot pass {most:.2f} here even with two cores fully busy: beyond the ceiling's "
+        f"; this SDK cannot pass {most:.3f} here even with two cores fully busy: beyond the ceiling's "
         f"operations it must walk the records to refuse NaN ({walk_ms:.2f} ms/MB) and the producer make and "
         f"hand them over ({main_ms:.2f} ms/MB on its thread)"
     )

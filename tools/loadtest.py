@@ -310,7 +310,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
         test = LoadTest(args, tmp)
         ceiling = test.ceiling()
-        if not args.smoke:  # 17 s beside spinning processes: what this machine leaves a caller's thread
+        if not args.smoke:  # ~21 s, 13 beside spinning processes: what the machine leaves a caller's thread
             ceiling.update(measure_pauses())
             ceiling.update(measure_lag_floor())
         for name in args.scenarios.split(","):
