@@ -133,9 +133,8 @@ def _lag_probe(seconds: float) -> dict[str, float]:
 def probe_beside_python(seconds: float) -> dict[str, Any]:
     """In this process: the event loop's probe for ``seconds`` while one daemon thread runs pure Python.
 
-    The thread holds the GIL until another thread has waited a switch interval
-    for it, then lets go within a few bytecodes: as willing a holder as there
-    can be. ``python_loops`` counts its loops while the probe ran.
+    The thread is the module docstring's willing GIL holder; ``python_loops``
+    counts its loops while the probe ran.
     """
     sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL_S)
     stop = threading.Event()
