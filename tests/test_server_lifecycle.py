@@ -19,6 +19,7 @@ from _wire import auth, build_upload, episode, jsonl, post_upload, trace
 
 from prime_traces.cli import SERVE_API_KEY_ENV
 from prime_traces.server import LocalTracesService
+from prime_traces.server._allocator import _glibc_mallopt
 
 STARTUP_S = 20.0
 EXIT_S = 10.0
@@ -180,6 +181,19 @@ def test_serve_prints_its_address_answers_and_stops_on_a_signal(serve, signum):
     # The address, then the viewer's URL, and nothing else on stdout.
     assert stdout == f"{line}\nviewer: {line.removeprefix('listening on ')}/\n".encode()
     assert b"Traceback" not in stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(_glibc_mallopt() is None, reason="glibc's malloc only")
+def test_serve_keeps_freed_request_memory_for_the_next_requests(serve):
+    # The setting itself is checked in test_server_allocator; here, that serve makes it, with its budget.
+    proc = serve("--log-level", "DEBUG", "--max-body-memory-bytes", str(512 << 20))
+    url = _url(proc.read_line())
+    assert post_upload(url, [trace("t-1")]).status_code == 201
+    proc.proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.finish()
+    assert proc.proc.returncode == 0, stderr
+    assert f"up to {512 << 20} bytes kept free".encode() in stderr, stderr
 
 
 @pytest.mark.timeout(60)
