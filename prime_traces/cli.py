@@ -95,8 +95,8 @@ def _add_serve(sub: Any) -> None:
         type=int,
         default=DEFAULT_MAX_BODY_MEMORY_BYTES,
         help="memory held by request bodies and their decompression, all requests "
-        "together; past it uploads get 503; on glibc also the most freed memory kept "
-        "for the next requests (default: %(default)s)",
+        "together; past it uploads get 503; on glibc, free memory at the heap's top is given "
+        "back only past this much, at most 2 GiB (default: %(default)s)",
     )
     f = p.add_argument_group("fault injection")
     f.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
@@ -134,9 +134,6 @@ def _serve(args: argparse.Namespace) -> int:
     from prime_traces.server import LocalTracesService
     from prime_traces.server._allocator import keep_freed_memory
 
-    # This process is the service's own: its requests reuse what earlier ones freed (before any thread starts).
-    keep_freed_memory(max(0, args.max_body_memory_bytes))
-
     api_key = args.api_key or os.environ.get(SERVE_API_KEY_ENV) or None
     options: dict[str, Any] = {
         "host": args.host,
@@ -171,6 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
         service = LocalTracesService(args.db, **options)
+        # This process is the service's own: its requests reuse what earlier ones freed (before any thread starts).
+        keep_freed_memory(args.max_body_memory_bytes)
         service.start()
     except (ValueError, OSError) as err:
         print(f"prime-traces serve: {err}", file=sys.stderr)
