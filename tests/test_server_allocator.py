@@ -92,7 +92,7 @@ class _Mallopt:
 
 @pytest.fixture
 def mallopt(monkeypatch):
-    for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+    for name in [variable for _, _, variable, _ in _allocator._SETTINGS] + ["GLIBC_TUNABLES"]:
         monkeypatch.delenv(name, raising=False)
 
     def install(refuse: int | None = None) -> _Mallopt:

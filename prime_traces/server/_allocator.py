@@ -60,14 +60,14 @@ def keep_freed_memory(keep_bytes: int) -> bool:
     mallopt = _glibc_mallopt()
     if mallopt is None:
         return False
-    values = {"M_ARENA_MAX": 1, "M_MMAP_THRESHOLD": HEAP_CHUNK_MAX_BYTES, "M_TRIM_THRESHOLD": min(keep_bytes, _INT_MAX)}
+    values = (1, HEAP_CHUNK_MAX_BYTES, min(keep_bytes, _INT_MAX))  # in _SETTINGS' order
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     made: list[str] = []
     refused: list[str] = []
-    for name, param, variable, tunable in _SETTINGS:
+    for (name, param, variable, tunable), value in zip(_SETTINGS, values):
         if variable in os.environ or tunable in tunables:
             continue  # the user's choice for this process
-        (made if mallopt(param, values[name]) == 1 else refused).append(f"{name}={values[name]}")
+        (made if mallopt(param, value) == 1 else refused).append(f"{name}={value}")
     if refused:
         logger.warning("glibc refused %s; freed request memory may go back to the system", ", ".join(refused))
     logger.debug("allocator: %s", ", ".join(made) or "left as the environment sets it")
