@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import mmap
+import os
+import resource
 import subprocess
 import sys
 
@@ -14,6 +17,7 @@ from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
 sys.path.insert(0, str(REPO / "tools"))
 import _loadtest_floors
 from _loadtest_floors import _lag_probe
+from _loadtest_parts import _proc_page_faults
 from _loadtest_targets import _lag, _log_max, _window_speedup, efficiency_bound, share_factors
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,6 +48,9 @@ def test_the_smoke_scenarios_deliver_every_good_episode_and_account_for_the_pois
         assert row["upload_thread_cpu_s"] >= 0 and row["main_thread_cpu_s"] > 0
         assert row["upload_thread_cpu_s"] + row["main_thread_cpu_s"] <= row["cpu_s"] + 0.02
         assert 0 <= row["log_max_without_gc_ms"] <= row["log_max_ms"]
+        # Memory touched for the first time, by the producer and by the service, each counted.
+        assert row["page_faults"] > 0 and row["service_page_faults_all"] > 0
+        assert row["service_peak_rss_mb_all"] > 0
         # Each slowest call: ms, index, own CPU ms, GC ms, waits, preemptions; the slowest first.
         slowest = row["log_slowest"]
         assert slowest[0][0] == pytest.approx(row["log_max_ms"], abs=0.01)
@@ -147,3 +154,17 @@ def test_the_log_target_says_a_lone_spinning_thread_never_lost_its_core_when_no_
     assert text.endswith("alone, a spinning thread never lost its core for over 0.3 ms in 4 s")
     text, _ = _log_max([row], pauses | {"alone_max_ms": 1.6})
     assert text.endswith("alone, a spinning thread lost its core for at most 1.6 ms in 4 s")
+
+
+def test_page_faults_are_read_for_any_process_and_count_each_page_touched_for_the_first_time():
+    page, pages = mmap.PAGESIZE, 2048
+    before_proc, before_own = _proc_page_faults(os.getpid()), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    with mmap.mmap(-1, pages * page) as memory:
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            memory.madvise(mmap.MADV_NOHUGEPAGE)  # one fault per page, whatever the machine's huge page setting
+        for offset in range(0, pages * page, page):
+            memory[offset] = 1
+        after_proc, after_own = _proc_page_faults(os.getpid()), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    # /proc (how the load test reads the service) and getrusage (how the producer reads itself) agree.
+    assert after_proc - before_proc >= pages
+    assert after_own - before_own >= pages

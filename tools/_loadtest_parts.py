@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import requests
 import zstandard
+from bench_service import peak_rss_bytes
 
 from prime_traces._sizing import check_numbers
 from prime_traces.encoding import encode_record_parts
@@ -36,9 +37,19 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 EXIT_LIMIT_S = 30.0
 
 
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command's name, from ``state`` (field 3) on."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
+
+
+def _proc_page_faults(pid: int) -> int:
+    """Minor page faults so far: each a page of memory the process touched for the first time."""
+    return int(_proc_stat(pid)[7])  # minflt
 
 
 class Service:
@@ -58,6 +69,12 @@ class Service:
 
     def cpu_s(self) -> float:
         return _proc_cpu_s(self.proc.pid)
+
+    def page_faults(self) -> int:
+        return _proc_page_faults(self.proc.pid)
+
+    def peak_rss_mb(self) -> float:
+        return peak_rss_bytes(self.proc.pid) / 2**20
 
     def stats(self) -> dict[str, Any]:
         resp = requests.get(f"{self.url}/api/v1/_stats", headers={"Authorization": "Bearer loadtest"}, timeout=30)

@@ -41,6 +41,11 @@ def _sys_s() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
+def _page_faults() -> int:
+    """Minor page faults so far: each a page of memory this process touched for the first time."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
@@ -221,7 +226,7 @@ def main() -> None:
     gc_pauses.reset()  # the SDK's import and setup are not the run's
     upload_cpu = UploadThreadCpu() if sys.platform == "linux" else None
     main_cpu0 = time.thread_time()
-    cpu0, sys0, started = _cpu_s(), _sys_s(), time.monotonic()
+    cpu0, sys0, faults0, started = _cpu_s(), _sys_s(), _page_faults(), time.monotonic()
     if args.asyncio:
         lags, counts, logged_at = asyncio.run(
             produce_beside_a_probe(sdk, templates, sizes, args.poison, call_s, args.finish_timeout_s)
@@ -248,6 +253,7 @@ def main() -> None:
         "wall_s": finished_at - started,
         "cpu_s": _cpu_s() - cpu0,
         "sys_cpu_s": _sys_s() - sys0,
+        "page_faults": _page_faults() - faults0,
         "peak_rss_mb": _peak_rss_mb(),
         "rss_at_start_mb": rss_before_mb,
         **gc_pauses.report(),

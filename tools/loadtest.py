@@ -119,7 +119,7 @@ class LoadTest:
         """One row per producer: ``producers`` are (sdk, key, extra args), all started at once."""
         service = Service(self.tmp, validate=validate, flags=flags)
         try:
-            cpu0 = service.cpu_s()
+            cpu0, faults0 = service.cpu_s(), service.page_faults()
             procs = [
                 start_producer(
                     sdk,
@@ -136,6 +136,8 @@ class LoadTest:
             done = [wait_producer(proc, PRODUCER_TIMEOUT_S) for proc in procs]
             stats = service.stats()
             service_cpu = service.cpu_s() - cpu0
+            service_faults = service.page_faults() - faults0
+            service_peak_mb = service.peak_rss_mb()
         finally:
             service.stop()
         workload_mb = self.workload_rss_mb(sizes_file)
@@ -164,6 +166,8 @@ class LoadTest:
                 "wire_mb_all": stats["wire_bytes"] / 1e6,
                 "uploads_all": stats["uploads"],
                 "service_cpu_s_all": service_cpu,
+                "service_page_faults_all": service_faults,
+                "service_peak_rss_mb_all": service_peak_mb,
             }
             rows.append(row)
             print(_line(row), file=sys.stderr, flush=True)
@@ -239,6 +243,13 @@ def _cpu_split(row: dict[str, Any], ceiling: dict[str, float]) -> str:
     return f"{upload * per_mb:.2f} / {main * per_mb:.2f} / {(row['cpu_s'] - upload - main) * per_mb:.2f}"
 
 
+def _page_faults(row: dict[str, Any], _ceiling: dict[str, float]) -> str:
+    # A first touch of a page costs the kernel a zeroed page: more at some hours than others on a virtual machine.
+    if "page_faults" not in row:
+        return "—"
+    return f"{row['page_faults'] / 1e3:.0f} / {row['service_page_faults_all'] / 1e3:.0f}"
+
+
 COLUMNS: list[tuple[str, Any]] = [
     ("scenario", lambda r, c: r["scenario"]),
     ("variant", lambda r, c: r["variant"]),
@@ -261,6 +272,8 @@ COLUMNS: list[tuple[str, Any]] = [
     ("client CPU s", lambda r, c: f"{r['cpu_s']:.1f}"),
     ("client ms/MB: upload thread / main thread / the rest (request threads)", _cpu_split),
     ("service CPU s", lambda r, c: f"{r['service_cpu_s_all']:.1f}"),
+    ("page faults, thousands: client / service", _page_faults),
+    ("service peak RSS MB", lambda r, c: f"{r.get('service_peak_rss_mb_all', 0):.0f}"),
 ]
 
 
