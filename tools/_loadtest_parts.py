@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 import requests
 import zstandard
-from bench_service import peak_rss_bytes
 
 from prime_traces._sizing import check_numbers
 from prime_traces.encoding import encode_record_parts
@@ -52,6 +51,15 @@ def _proc_page_faults(pid: int) -> int:
     return int(_proc_stat(pid)[7])  # minflt
 
 
+def proc_status_bytes(pid: int, key: str) -> int:
+    """A size from ``/proc/PID/status``, such as ``VmRSS`` (now) or ``VmHWM`` (the peak so far)."""
+    with open(f"/proc/{pid}/status") as file:
+        for line in file:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"no {key} in /proc/{pid}/status (Linux only)")
+
+
 class Service:
     """``prime-traces serve --store none`` in its own process, on a fresh database, with fault flags."""
 
@@ -73,8 +81,11 @@ class Service:
     def page_faults(self) -> int:
         return _proc_page_faults(self.proc.pid)
 
+    def rss_mb(self) -> float:
+        return proc_status_bytes(self.proc.pid, "VmRSS") / 2**20
+
     def peak_rss_mb(self) -> float:
-        return peak_rss_bytes(self.proc.pid) / 2**20
+        return proc_status_bytes(self.proc.pid, "VmHWM") / 2**20
 
     def stats(self) -> dict[str, Any]:
         resp = requests.get(f"{self.url}/api/v1/_stats", headers={"Authorization": "Bearer loadtest"}, timeout=30)

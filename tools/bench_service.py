@@ -35,6 +35,7 @@ import requests
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _loadtest_parts import proc_status_bytes
 from workload import encoded_lines, iter_episodes
 
 ZSTD_LEVEL = 3
@@ -83,11 +84,7 @@ def small_trace_body(mib: float) -> bytes:
 
 
 def peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/PID/status (Linux only)")
+    return proc_status_bytes(pid, "VmHWM")
 
 
 def _gzip_upload(raw: bytes) -> tuple[bytes, dict[str, str]]:

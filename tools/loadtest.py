@@ -119,7 +119,7 @@ class LoadTest:
         """One row per producer: ``producers`` are (sdk, key, extra args), all started at once."""
         service = Service(self.tmp, validate=validate, flags=flags)
         try:
-            cpu0, faults0 = service.cpu_s(), service.page_faults()
+            cpu0, faults0, rss0_mb = service.cpu_s(), service.page_faults(), service.rss_mb()
             procs = [
                 start_producer(
                     sdk,
@@ -168,6 +168,7 @@ class LoadTest:
                 "service_cpu_s_all": service_cpu,
                 "service_page_faults_all": service_faults,
                 "service_peak_rss_mb_all": service_peak_mb,
+                "service_rss_at_start_mb_all": rss0_mb,
             }
             rows.append(row)
             print(_line(row), file=sys.stderr, flush=True)
@@ -244,10 +245,15 @@ def _cpu_split(row: dict[str, Any], ceiling: dict[str, float]) -> str:
 
 
 def _page_faults(row: dict[str, Any], _ceiling: dict[str, float]) -> str:
-    # A first touch of a page costs the kernel a zeroed page: more at some hours than others on a virtual machine.
     if "page_faults" not in row:
         return "—"
     return f"{row['page_faults'] / 1e3:.0f} / {row['service_page_faults_all'] / 1e3:.0f}"
+
+
+def _service_rss(row: dict[str, Any], _ceiling: dict[str, float]) -> str:
+    if "service_peak_rss_mb_all" not in row:
+        return "—"
+    return f"{row['service_rss_at_start_mb_all']:.0f} / {row['service_peak_rss_mb_all']:.0f}"
 
 
 COLUMNS: list[tuple[str, Any]] = [
@@ -273,7 +279,7 @@ COLUMNS: list[tuple[str, Any]] = [
     ("client ms/MB: upload thread / main thread / the rest (request threads)", _cpu_split),
     ("service CPU s", lambda r, c: f"{r['service_cpu_s_all']:.1f}"),
     ("page faults, thousands: client / service", _page_faults),
-    ("service peak RSS MB", lambda r, c: f"{r.get('service_peak_rss_mb_all', 0):.0f}"),
+    ("service RSS MB: at start / peak", _service_rss),
 ]
 
 
