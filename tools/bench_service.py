@@ -83,10 +83,6 @@ def small_trace_body(mib: float) -> bytes:
     return b"\n".join(lines) + b"\n"
 
 
-def peak_rss_bytes(pid: int) -> int:
-    return proc_status_bytes(pid, "VmHWM")
-
-
 def _gzip_upload(raw: bytes) -> tuple[bytes, dict[str, str]]:
     head, tail, content_type = multipart_frame("gzip")
     headers = {
@@ -104,11 +100,11 @@ def ingest_memory(raw: bytes, tmp: str) -> tuple[float, int]:
     try:
         warm, warm_headers = _gzip_upload(small_trace_body(0.01))  # every code path loaded first
         requests.post(f"{url}/api/v1/traces", data=warm, headers=warm_headers, timeout=60).raise_for_status()
-        before = peak_rss_bytes(proc.pid)
+        before = proc_status_bytes(proc.pid, "VmHWM")
         start = time.perf_counter()
         resp = requests.post(f"{url}/api/v1/traces", data=data, headers=headers, timeout=600)
         elapsed = time.perf_counter() - start
-        grown = peak_rss_bytes(proc.pid) - before
+        grown = proc_status_bytes(proc.pid, "VmHWM") - before
     finally:
         proc.terminate()
         proc.wait(timeout=30)
