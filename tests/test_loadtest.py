@@ -17,7 +17,7 @@ from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 sys.path.insert(0, str(REPO / "tools"))
 import _loadtest_floors
-from _loadtest_floors import _lag_probe
+from _loadtest_floors import _lag_probe, _probe
 from _loadtest_parts import _proc_page_faults
 from _loadtest_targets import _lag, _log_max, _window_speedup, efficiency_bound, share_factors
 
@@ -56,6 +56,9 @@ def test_the_smoke_scenarios_deliver_every_good_episode_and_account_for_the_pois
         slowest = row["log_slowest"]
         assert slowest[0][0] == pytest.approx(row["log_max_ms"], abs=0.01)
         assert all(len(call) == 6 and min(call) >= 0 for call in slowest)
+        # The calls over 1 ms, as the slowest (rounded to 0.01 ms) show them.
+        over = min(row["log_over_1ms"], len(slowest))
+        assert sum(call[0] > 1.01 for call in slowest) <= over <= sum(call[0] >= 0.99 for call in slowest)
         # Its own CPU and the collector's pauses fit inside each call (rounded to 0.01 ms).
         assert all(call[2] <= call[0] + 0.01 and call[3] <= call[0] + 0.01 for call in slowest)
     assert list(rows["c"]["failure_details"]) == ["invalid_record"]
@@ -119,6 +122,34 @@ def test_the_lag_floor_probe_runs_its_python_thread_while_it_probes_at_the_runs_
     assert report["samples"] > 10 and report["python_loops"] > 10  # loops counted while the probe ran
     assert report["switch_interval_s"] == pytest.approx(DEFAULT_SWITCH_INTERVAL_S)
     assert 0.0 <= report["p99_ms"] <= report["max_ms"]
+
+
+def test_the_call_floor_probe_times_each_stand_in_call_while_its_python_and_hashing_threads_run():
+    alone = _probe("call", 0.3, "0")
+    beside = _probe("call", 0.3, "1")
+    for report in (alone, beside):
+        assert report["calls"] > 100 and report["python_loops"] > 10  # both threads ran
+        assert 0 < report["median_us"] <= report["max_ms"] * 1e3
+        assert 0 <= report["over_1ms"] <= report["calls"]
+
+
+def test_the_log_target_states_the_call_floor_per_10000_calls_beside_ours():
+    row = {"scenario": "f", "variant": "10000 x 2.2 MB", "sdk": "ours", "log_max_ms": 4.02, "episodes": 10_000}
+    row |= {"log_slowest": [(4.02, 8927, 0.3, 0.0, 10, 0)], "log_over_1ms": 12}
+    floor = {"call_floor_seconds": 2.0, "call_floor_median_us": 1.78}
+    floor |= {"call_floor_python_max_ms": 1.43, "call_floor_python_over_1ms": 4, "call_floor_python_calls": 314_645}
+    floor |= {"call_floor_max_ms": 3.35, "call_floor_over_1ms": 231, "call_floor_calls": 294_550}
+    text, passed = _log_max([row], floor)
+    assert not passed  # the floor explains, it never passes
+    assert text.endswith(
+        ". The floor here, with no SDK: a stand-in for the call's path (copy the list, queue it under a "
+        "condition, count under a lock: 1.8 µs at the median) called in a tight loop for 2 s beside one thread "
+        "of pure Python took at most 1.43 ms, 0.1 in 10,000 calls over 1 ms; beside that thread and one hashing "
+        "in 1 MiB steps, at most 3.35 ms, 7.8 in 10,000 calls over 1 ms; ours in f: 12.0 in 10,000 over 1 ms"
+    )
+    del row["log_over_1ms"]  # a row from before the count was kept
+    text, _ = _log_max([row], floor)
+    assert text.endswith("at most 3.35 ms, 7.8 in 10,000 calls over 1 ms")
 
 
 def test_the_lag_floor_stops_its_spinning_processes_when_a_probe_fails(monkeypatch):

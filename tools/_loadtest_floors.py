@@ -1,6 +1,6 @@
 """What this machine lets any SDK do for a caller's latency while its cores are busy: measured before the scenarios.
 
-Two floors, each measured with no SDK at all, beside processes that spin:
+Three floors, each measured with no SDK at all:
 
 - :func:`measure_pauses`: how long a spinning thread loses its core when
   preempted, beside as many spinning processes as cores (one thread more
@@ -16,15 +16,25 @@ Two floors, each measured with no SDK at all, beside processes that spin:
   deschedules it while it holds the GIL, the event loop waits until it runs
   again, whatever it was doing. An uploading SDK has at least one such
   thread (its encoder runs Python).
+- :func:`measure_call_floor`: a stand-in for ``log_episodes()``'s path on
+  the caller's thread (copy the list, queue it under a condition, count
+  under a lock: a few microseconds) called in a tight loop, as a producer
+  does, beside the same thread of pure Python, then beside it and a thread
+  hashing in 1 MiB steps (as a request thread does, letting go of the GIL
+  for each step), with the cores otherwise idle. Every call needs the GIL,
+  so one that arrives while another thread holds it waits.
 
-Run as ``python tools/_loadtest_floors.py --lag-probe SECONDS`` it is the
-probing process itself (a process of its own, so that the interval it sets
-and the thread it starts touch nothing else).
+Run as ``python tools/_loadtest_floors.py --lag-probe SECONDS`` or
+``--call-probe SECONDS HASHERS`` it is the probing process itself (a process
+of its own, so that the interval it sets and the threads it starts touch
+nothing else).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import json
 import os
 import subprocess
@@ -122,12 +132,93 @@ def measure_lag_floor(crowded_s: float = 6.0, busy_s: float = 3.0, alone_s: floa
 
 
 def _lag_probe(seconds: float) -> dict[str, float]:
-    command = [sys.executable, os.path.abspath(__file__), "--lag-probe", str(seconds)]
+    return _probe("lag", seconds)
+
+
+def _probe(kind: str, seconds: float, *args: str) -> dict[str, float]:
+    command = [sys.executable, os.path.abspath(__file__), f"--{kind}-probe", str(seconds), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     if done.returncode != 0:
-        raise RuntimeError(f"the lag probe failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"the {kind} probe failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     report: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return report
+
+
+def measure_call_floor(seconds: float = 2.0) -> dict[str, float]:
+    """The stand-in call's slowest, beside one thread of pure Python, then with a hashing thread too.
+
+    Keys ``call_floor_python_*`` and ``call_floor_*``: ``max_ms``,
+    ``over_1ms``, ``calls``, ``median_us``; and ``call_floor_seconds``.
+    """
+    report: dict[str, float] = {"call_floor_seconds": seconds}
+    for prefix, hashers in (("call_floor_python_", 0), ("call_floor_", 1)):
+        probed = _probe("call", seconds, str(hashers))
+        report |= {prefix + key: probed[key] for key in ("max_ms", "over_1ms", "calls", "median_us")}
+    return report
+
+
+class _StandIn:
+    """``log_episodes()``'s path on the caller's thread, without the SDK: copy, queue, count."""
+
+    def __init__(self) -> None:
+        self.cond, self.lock = threading.Condition(), threading.Lock()
+        self.queued: collections.deque[list[Any]] = collections.deque(maxlen=64)
+        self.submitted = 0
+
+    def log(self, records: list[Any]) -> None:
+        records = list(records)
+        with self.cond:
+            self.queued.append(records)
+            self.cond.notify_all()
+        with self.lock:
+            self.submitted += len(records)
+
+
+def calls_beside_python(seconds: float, hashers: int) -> dict[str, Any]:
+    """In this process: the stand-in called in a tight loop for ``seconds`` beside the pure-Python thread.
+
+    ``hashers`` threads hash a 32 MiB buffer in 1 MiB steps meanwhile. Between
+    calls the loop makes its next record (a little Python, as a producer does).
+    """
+    sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL_S)
+    stop = threading.Event()
+    loops = [0]
+    threading.Thread(target=_pure_python, args=(stop, loops), name="pure-python", daemon=True).start()
+    for number in range(hashers):
+        threading.Thread(target=_hash, args=(stop,), name=f"hashing-{number}", daemon=True).start()
+    stand_in, took, clock = _StandIn(), [], time.perf_counter
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        record = {"id": len(took), "traces": [{"step": step} for step in range(8)]}
+        started = clock()
+        stand_in.log([record])
+        took.append(clock() - started)
+    stop.set()
+    return {
+        "max_ms": max(took) * 1e3,
+        "over_1ms": sum(t > 0.001 for t in took),
+        "calls": len(took),
+        "median_us": sorted(took)[len(took) // 2] * 1e6,
+        "python_loops": loops[0],
+    }
+
+
+def _pure_python(stop: threading.Event, loops: list[int]) -> None:
+    """The willing GIL holder of the module's docstring."""
+    while not stop.is_set():
+        total = 0
+        for i in range(200):
+            total += i
+        loops[0] += 1
+
+
+def _hash(stop: threading.Event) -> None:
+    data = memoryview(bytes(range(256)) * (32 << 12))  # 32 MiB
+    step = 1 << 20
+    while not stop.is_set():
+        digest = hashlib.sha256()
+        for start in range(0, len(data), step):
+            digest.update(data[start : start + step])  # lets go of the GIL for each step
 
 
 def probe_beside_python(seconds: float) -> dict[str, Any]:
@@ -139,15 +230,7 @@ def probe_beside_python(seconds: float) -> dict[str, Any]:
     sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL_S)
     stop = threading.Event()
     loops = [0]
-
-    def python() -> None:
-        while not stop.is_set():
-            total = 0
-            for i in range(200):
-                total += i
-            loops[0] += 1
-
-    threading.Thread(target=python, name="pure-python", daemon=True).start()
+    threading.Thread(target=_pure_python, args=(stop, loops), name="pure-python", daemon=True).start()
     lags: list[float] = []
     end = time.monotonic() + seconds
     before = loops[0]
@@ -166,5 +249,7 @@ def probe_beside_python(seconds: float) -> dict[str, Any]:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--lag-probe":
         print(json.dumps(probe_beside_python(float(sys.argv[2]))))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--call-probe":
+        print(json.dumps(calls_beside_python(float(sys.argv[2]), int(sys.argv[3]))))
     else:
-        sys.exit("usage: python tools/_loadtest_floors.py --lag-probe SECONDS")
+        sys.exit("usage: python tools/_loadtest_floors.py --lag-probe SECONDS | --call-probe SECONDS HASHERS")

@@ -243,6 +243,7 @@ def main() -> None:
         "log_max_ms": max(call_s, default=0.0) * 1e3,
         "log_slowest": slowest_calls(call_s),
         "log_p99_ms": quantile(call_s, 0.99) * 1e3,
+        "log_over_1ms": sum(t > 0.001 for t in call_s),
         # The longest a call took less the collector's pauses inside it.
         "log_max_without_gc_ms": max((t - g for t, g in zip(call_s, _CALL_GC_S)), default=0.0) * 1e3,
         "lag_p99_ms": quantile(lags, 0.99) * 1e3,

@@ -26,7 +26,11 @@ Delivered counts come from the service. Scenarios:
 
 The machine's ceiling is measured in the same run on the same episodes
 (``_loadtest_parts.measure_ceiling``); ratios, not absolute times, are the
-claims. ``--smoke`` runs a and c small, ours only, for the test suite.
+claims. The floors this machine sets, with no SDK, for a caller's
+thread are measured in it too, before the scenarios (``_loadtest_floors``):
+how long a preempted thread waits, an event loop's lag beside a thread of
+Python, and the slowest of many calls like ``log_episodes()`` in a tight
+loop beside such threads. ``--smoke`` runs a and c small, ours only, for the test suite.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from _loadgen import Templates, production_sizes
-from _loadtest_floors import measure_lag_floor, measure_pauses
+from _loadtest_floors import measure_call_floor, measure_lag_floor, measure_pauses
 from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
 from _loadtest_targets import slowest_call, verdicts
 
@@ -329,9 +333,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
         test = LoadTest(args, tmp)
         ceiling = test.ceiling()
-        if not args.smoke:  # ~21 s, 13 beside spinning processes: what the machine leaves a caller's thread
+        if not args.smoke:  # ~25 s, 13 beside spinning processes: what the machine leaves a caller's thread
             ceiling.update(measure_pauses())
             ceiling.update(measure_lag_floor())
+            ceiling.update(measure_call_floor())
         for name in args.scenarios.split(","):
             getattr(test, name.strip())()
     command = "python tools/loadtest.py " + " ".join(sys.argv[1:])
