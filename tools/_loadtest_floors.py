@@ -1,4 +1,4 @@
-"""What this machine lets any SDK do for a caller's latency while its cores are busy: measured before the scenarios.
+"""What this machine lets any SDK do for a caller's latency, its cores busy or not: measured before the scenarios.
 
 Three floors, each measured with no SDK at all:
 
@@ -20,9 +20,10 @@ Three floors, each measured with no SDK at all:
   the caller's thread (copy the list, queue it under a condition, count
   under a lock: a few microseconds) called in a tight loop, as a producer
   does, beside the same thread of pure Python, then beside it and a thread
-  hashing in 1 MiB steps (as a request thread does, letting go of the GIL
-  for each step), with the cores otherwise idle. Every call needs the GIL,
-  so one that arrives while another thread holds it waits.
+  hashing in 1 MiB steps (letting go of the GIL for each: a stand-in for
+  the request threads' C calls, harsher than our one hash per batch), with
+  no other process busy. Every call needs the GIL, so one that arrives
+  while another thread holds it waits.
 
 Run as ``python tools/_loadtest_floors.py --lag-probe SECONDS`` or
 ``--call-probe SECONDS HASHERS`` it is the probing process itself (a process
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import hashlib
 import json
 import os
@@ -148,12 +150,12 @@ def measure_call_floor(seconds: float = 2.0) -> dict[str, float]:
     """The stand-in call's slowest, beside one thread of pure Python, then with a hashing thread too.
 
     Keys ``call_floor_python_*`` and ``call_floor_*``: ``max_ms``,
-    ``over_1ms``, ``calls``, ``median_us``; and ``call_floor_seconds``.
+    ``over_1ms``, ``calls``, ``median_us``, ``hashed_mb``; and ``call_floor_seconds``.
     """
     report: dict[str, float] = {"call_floor_seconds": seconds}
     for prefix, hashers in (("call_floor_python_", 0), ("call_floor_", 1)):
         probed = _probe("call", seconds, str(hashers))
-        report |= {prefix + key: probed[key] for key in ("max_ms", "over_1ms", "calls", "median_us")}
+        report |= {prefix + key: probed[key] for key in ("max_ms", "over_1ms", "calls", "median_us", "hashed_mb")}
     return report
 
 
@@ -179,27 +181,45 @@ def calls_beside_python(seconds: float, hashers: int) -> dict[str, Any]:
 
     ``hashers`` threads hash a 32 MiB buffer in 1 MiB steps meanwhile. Between
     calls the loop makes its next record (a little Python, as a producer does).
+    The collector is off while the loop runs (nothing here makes a cycle), so
+    a slow call is a wait, never a collection. ``python_loops`` and
+    ``hashed_mb`` count what the other threads did while the loop ran.
     """
     sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL_S)
+    data = memoryview(bytes(range(256)) * (32 << 12))  # 32 MiB, made before any thread or clock starts
     stop = threading.Event()
-    loops = [0]
-    threading.Thread(target=_pure_python, args=(stop, loops), name="pure-python", daemon=True).start()
-    for number in range(hashers):
-        threading.Thread(target=_hash, args=(stop,), name=f"hashing-{number}", daemon=True).start()
-    stand_in, took, clock = _StandIn(), [], time.perf_counter
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        record = {"id": len(took), "traces": [{"step": step} for step in range(8)]}
-        started = clock()
-        stand_in.log([record])
-        took.append(clock() - started)
-    stop.set()
+    loops, hashed_mb = [0], [0]
+    threads = [threading.Thread(target=_pure_python, args=(stop, loops), name="pure-python", daemon=True)]
+    threads += [
+        threading.Thread(target=_hash, args=(stop, data, hashed_mb), name=f"hashing-{n}", daemon=True)
+        for n in range(hashers)
+    ]
+    stand_in, took_s, clock = _StandIn(), [], time.perf_counter
+    gc.collect()
+    gc.disable()
+    try:
+        for thread in threads:
+            thread.start()
+        loops_before, hashed_before = loops[0], hashed_mb[0]
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            record = {"id": len(took_s), "traces": [{"step": step} for step in range(8)]}
+            started = clock()
+            stand_in.log([record])
+            took_s.append(clock() - started)
+        loops_during, hashed_during = loops[0] - loops_before, hashed_mb[0] - hashed_before
+    finally:
+        stop.set()
+        gc.enable()
+    for thread in threads:
+        thread.join()
     return {
-        "max_ms": max(took) * 1e3,
-        "over_1ms": sum(t > 0.001 for t in took),
-        "calls": len(took),
-        "median_us": sorted(took)[len(took) // 2] * 1e6,
-        "python_loops": loops[0],
+        "max_ms": max(took_s) * 1e3,
+        "over_1ms": sum(t > 0.001 for t in took_s),
+        "calls": len(took_s),
+        "median_us": sorted(took_s)[len(took_s) // 2] * 1e6,
+        "python_loops": loops_during,
+        "hashed_mb": hashed_during,
     }
 
 
@@ -212,13 +232,16 @@ def _pure_python(stop: threading.Event, loops: list[int]) -> None:
         loops[0] += 1
 
 
-def _hash(stop: threading.Event) -> None:
-    data = memoryview(bytes(range(256)) * (32 << 12))  # 32 MiB
-    step = 1 << 20
+def _hash(stop: threading.Event, data: memoryview, hashed_mb: list[int]) -> None:
+    """Hash ``data`` over and over in 1 MiB steps, letting go of the GIL for each, until ``stop``."""
+    step_bytes = 1 << 20
+    digest = hashlib.sha256()
     while not stop.is_set():
-        digest = hashlib.sha256()
-        for start in range(0, len(data), step):
-            digest.update(data[start : start + step])  # lets go of the GIL for each step
+        for begin in range(0, len(data), step_bytes):
+            digest.update(data[begin : begin + step_bytes])
+            hashed_mb[0] += 1
+            if stop.is_set():
+                return
 
 
 def probe_beside_python(seconds: float) -> dict[str, Any]:

@@ -16,21 +16,15 @@ Delivered counts come from the service. Scenarios:
   ``max_in_flight`` 1, 4 and 8;
 - c: 500 episodes, one of them unencodable (NaN);
 - d: a service that hangs every upload: ``finish()`` must end in its budget;
-- e: two producers of ``--e-episodes`` (1,000) episodes each at once against a
-  per-credential limit of 8 on a network slow enough that one producer alone
-  is network-bound (200 ms and 1 MB/s per request: 8 in flight carry 8 MB/s
-  of compressed bodies), with two credentials and with one shared (as ranks
-  of one job do); enough uploads (~30 each) that the shared limit binds past
-  the window's slow start;
+- e: two producers of ``--e-episodes`` (1,000) each at once, per-credential
+  limit 8, on a network (200 ms and 1 MB/s per request) on which one alone is
+  network-bound, with two credentials and with one shared (as ranks of one
+  job do); ~30 uploads each, so the shared limit binds past the slow start;
 - f: ``--f-episodes`` (10,000) episodes of 2.2 MB, ours, for peak memory.
 
-The machine's ceiling is measured in the same run on the same episodes
-(``_loadtest_parts.measure_ceiling``); ratios, not absolute times, are the
-claims. The floors this machine sets, with no SDK, for a caller's
-thread are measured in it too, before the scenarios (``_loadtest_floors``):
-how long a preempted thread waits, an event loop's lag beside a thread of
-Python, and the slowest of many calls like ``log_episodes()`` in a tight
-loop beside such threads. ``--smoke`` runs a and c small, ours only, for the test suite.
+The machine's ceiling (``_loadtest_parts``) and the floors it sets for a
+caller's thread with no SDK (``_loadtest_floors``) are measured in the same
+run; ratios, not absolute times, are the claims. ``--smoke``: a and c, small.
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ from prime_runs._workload import generate_episode
 
 FINISH_BUDGET_S = 60.0
 PRODUCER_TIMEOUT_S = 3600.0
-# 8 uploads in flight at 1 MB/s of compressed body each: one producer alone gets about 8 MB/s on the wire
-# (about 30 MB/s of JSON), far under what its CPU allows.
+# 8 in flight at 1 MB/s of body each: one producer alone gets ~8 MB/s on the wire (~30 MB/s of JSON), CPU to spare.
 SLOW_NETWORK = ["--latency-ms", "200", "--bandwidth-mb-s", "1"]
 _MARK_BEGIN, _MARK_END = "<!-- loadtest:begin -->", "<!-- loadtest:end -->"
 
@@ -334,9 +327,7 @@ def main() -> None:
         test = LoadTest(args, tmp)
         ceiling = test.ceiling()
         if not args.smoke:  # ~25 s, 13 beside spinning processes: what the machine leaves a caller's thread
-            ceiling.update(measure_pauses())
-            ceiling.update(measure_lag_floor())
-            ceiling.update(measure_call_floor())
+            ceiling |= measure_pauses() | measure_lag_floor() | measure_call_floor()
         for name in args.scenarios.split(","):
             getattr(test, name.strip())()
     command = "python tools/loadtest.py " + " ".join(sys.argv[1:])
