@@ -4,15 +4,17 @@ One ``orjson.dumps`` of a 35 MB episode holds the GIL for ~100 ms, stalling ever
 other thread. A record estimated above ``CHUNK_THRESHOLD_BYTES`` is encoded in
 pieces of about ``PIECE_BYTES`` (runs of dict items and list elements, descending
 into values too big for one piece); the pieces join into the bytes of one
-``orjson.dumps``. Between pieces, about every ``YIELD_INTERVAL_S``, a
-one-microsecond sleep hands the GIL to a thread waiting for it: the ~55 µs it
-idles on Linux (the kernel's timer slack) are what let the waiter take it,
-where ``os.sched_yield()`` returns before the waiter wakes and takes the GIL
-straight back (and so does ``time.sleep(0)`` on Python 3.10). When the
-interpreter's switch interval is no longer than the yield interval (as while
-a ``prime_runs`` run uploads) it already hands the GIL over in time, and the
-encoder yields with the cheaper ``sched_yield``, which still lets a thread
-waiting for a core run.
+``orjson.dumps``. A record is sized value by value (:func:`item_sizes`), as the
+pieces are: a short list whose guessed size is over a piece (an episode's
+traces) makes it chunked without a scan, so its start is not walked twice.
+Between pieces, about every ``YIELD_INTERVAL_S``, a one-microsecond sleep hands
+the GIL to a thread waiting for it: the ~55 µs it idles on Linux (the kernel's
+timer slack) are what let the waiter take it, where ``os.sched_yield()`` returns
+before the waiter wakes and takes the GIL straight back (and so does
+``time.sleep(0)`` on Python 3.10). When the interpreter's switch interval is no
+longer than the yield interval (as while a ``prime_runs`` run uploads) it already
+hands the GIL over in time, and the encoder yields with the cheaper
+``sched_yield``, which still lets a thread waiting for a core run.
 orjson writes NaN and ±Infinity as ``null``, so the scan that sizes a value
 checks its floats too (``prime_traces._sizing``), and a long list of numbers is
 checked through its output.
@@ -44,6 +46,7 @@ from prime_traces._sizing import (
 
 CHUNK_THRESHOLD_BYTES = 256_000  # estimated output size above which a record is chunked (~0.5 ms of dumps)
 PIECE_BYTES = 64 * 1024
+SMALL_RECORD_BYTES = 4_000  # a record scanned within this is one dumps at once (most metrics rows)
 YIELD_INTERVAL_S = 0.001
 
 # Dataclasses come to _default: orjson's own path crashes the process on a slot never set (3.13).
@@ -77,6 +80,40 @@ def _default(obj: object) -> object:
     if np is not None and isinstance(obj, np.ndarray):
         return obj.tolist()  # not C-contiguous, or a dtype orjson has no native path for
     raise _Unencodable(obj)
+
+
+def item_sizes(mapping: dict, piece: int, limit: int = 0) -> list[int]:
+    """The size of each of mapping's values as a piece holds it: more than a piece for one cut on its own.
+
+    A size within a piece means the value was scanned whole, its floats checked.
+    With ``limit`` (a record's own values, which may go in one dumps) each value
+    is scanned up to what its keys and the values before it leave of ``limit``
+    (at least a piece), so that a record within it is found to be; but a short
+    list that a guess puts over a piece is taken as too big, unscanned. Without
+    it (the values of a dict cut into pieces), long lists and lists that look
+    too big for a piece are taken as too big too.
+    """
+    sizes, left = [], limit - 2 - 12 * dict.__len__(mapping)  # the keys, as scan() counts them
+    for item in dict.values(mapping):  # a subclass's own storage, as orjson reads it
+        kind = type(item)
+        if kind is str:
+            size = len(item) if item.isascii() else 2 * len(item)
+        elif kind is int or kind is bool or item is None:
+            size = INT_BYTES
+        elif limit:
+            if kind is list and 0 < len(item) < UNPROBED_ITEMS and estimate(item, piece) > piece:
+                size = sys.maxsize  # a few large values (an episode's traces): scanning them first would be waste
+            else:
+                size = scan(item, max(left, piece))  # so a size within a piece is always a whole scan
+        elif kind is list and len(item) >= _OWN_PIECE_ITEMS and type(item[0]) in NUMBER:
+            size = sys.maxsize  # numbers (or not: its own pieces are checked either way)
+        elif kind is list and (len(item) >= UNPROBED_ITEMS or len(item) > 1 and estimate(item, piece) > piece):
+            size = sys.maxsize  # looks too big for a piece: scanning a piece of it first would be waste
+        else:
+            size = scan(item, piece, _OWN_PIECE_ITEMS)
+        sizes.append(size)
+        left -= size
+    return sizes
 
 
 class _Chunker:
@@ -122,7 +159,7 @@ class _Chunker:
             raise orjson.JSONEncodeError("Recursion limit reached")
         np = sys.modules.get("numpy")
         if isinstance(value, dict):
-            self._dict(value, depth)
+            self.dict_of(value, depth)
         elif type(value) is list or type(value) is tuple:
             self._list(value, depth)
         elif isinstance(value, list):  # through list's own storage, as orjson reads it
@@ -130,7 +167,7 @@ class _Chunker:
         elif np is not None and isinstance(value, np.ndarray) and value.ndim > 0 and len(value):
             self._array(value)
         elif (native := native_items(value)) is not None:  # a dataclass: orjson writes it as this dict
-            self._dict(native, depth)
+            self.dict_of(native, depth)
         elif type(value) is str:  # JSON escapes per character: parts of a string encode to parts of its JSON
             self.out.write(b'"')
             for i in range(0, len(value), self.piece):
@@ -139,22 +176,14 @@ class _Chunker:
         else:
             self._emit(value, False, numbers=True, whole=True)
 
-    def _dict(self, mapping: dict, depth: int) -> None:
+    def dict_of(self, mapping: dict, depth: int, sizes: list[int] | None = None) -> None:
+        """Encode mapping, its values sized by :func:`item_sizes` (given, or found here)."""
         piece = self.piece
+        if sizes is None:
+            sizes = item_sizes(mapping, piece)
         self.out.write(b"{")
         batch, batch_size, comma = {}, 0, False
-        for key, item in dict.items(mapping):  # a subclass's own storage, as orjson reads it
-            kind = type(item)
-            if kind is str:
-                size = len(item) if item.isascii() else 2 * len(item)
-            elif kind is int or kind is bool or item is None:
-                size = INT_BYTES
-            elif kind is list and len(item) >= _OWN_PIECE_ITEMS and type(item[0]) in NUMBER:
-                size = sys.maxsize  # numbers (or not: its own pieces are checked either way)
-            elif kind is list and (len(item) >= UNPROBED_ITEMS or len(item) > 1 and estimate(item, piece) > piece):
-                size = sys.maxsize  # looks too big for a piece: scanning a piece of it first would be waste
-            else:
-                size = scan(item, piece, _OWN_PIECE_ITEMS)
+        for (key, item), size in zip(dict.items(mapping), sizes):
             if size <= piece:
                 batch[key] = item
                 batch_size += size
@@ -184,7 +213,8 @@ class _Chunker:
                 self._emit(seq[i : i + step], i > 0, numbers=True)
             self.out.write(b"]")
             return
-        i, guess, over = 0, False, False
+        # A short list cut into pieces has items of a piece's size or more: guess before scanning each.
+        i, guess, over = 0, n < UNPROBED_ITEMS, False
         while i < n:
             j, batch_size = i, 0
             while j < n and batch_size < piece:
@@ -331,11 +361,18 @@ class RecordEncoder:
             record = form if isinstance(form, dict) else dict(form)
         try:
             threshold = self.chunk_threshold_bytes
-            # Scanned, never guessed: a guess can overshoot tenfold, and a small record must stay one dumps.
-            if scan(record, threshold) <= threshold:
+            # A small record is scanned, never guessed (a guess can overshoot tenfold), and stays one dumps.
+            first = min(threshold, SMALL_RECORD_BYTES)
+            if scan(record, first) <= first:
+                return orjson.dumps(record, default=_default, option=_OPTIONS)
+            # Sized value by value, as the chunker sizes them anyway: scanning the whole record up to the
+            # threshold first would walk a large record's first quarter MB twice. A short list that a guess
+            # puts over a piece makes the record chunked, under the threshold or not.
+            sizes = item_sizes(record, self.piece_bytes, threshold)
+            if sum(sizes) + 2 + 12 * dict.__len__(record) <= threshold:
                 return orjson.dumps(record, default=_default, option=_OPTIONS)
             chunker = _Chunker(self.piece_bytes, self.yield_interval_s)
-            chunker.value(record, 0)
+            chunker.dict_of(record, 0, sizes)
             return chunker.parts()
         except NonFinite as err:
             where = describe_located(record) or f"{err.args[0]!r} is not JSON (NaN and Infinity are refused)"

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from prime_traces import _encode, _sizing
+from prime_traces._batching import LineParts
 from prime_traces._encode import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
@@ -64,11 +65,16 @@ def chunking(piece_bytes: int = 1) -> RecordEncoder:
     return RecordEncoder(chunk_threshold_bytes=0, piece_bytes=piece_bytes)
 
 
+def sizing(threshold_bytes: int, piece_bytes: int = 1) -> RecordEncoder:
+    """An encoder that sizes a record value by value (under tiny_limits, every record), to dump or chunk it."""
+    return RecordEncoder(chunk_threshold_bytes=threshold_bytes, piece_bytes=piece_bytes)
+
+
 @contextlib.contextmanager
 def tiny_limits() -> Iterator[None]:
     """Shrink the chunked path's size constants so small documents reach every branch."""
     with (
-        mock.patch.multiple(_encode, _OWN_PIECE_ITEMS=3, UNPROBED_ITEMS=3, _SEGMENT_BYTES=64),
+        mock.patch.multiple(_encode, _OWN_PIECE_ITEMS=3, UNPROBED_ITEMS=3, _SEGMENT_BYTES=64, SMALL_RECORD_BYTES=0),
         mock.patch.multiple(_sizing, UNPROBED_ITEMS=3, ESTIMATE_NODES=3),
     ):
         yield
@@ -122,6 +128,8 @@ def test_chunked_output_is_byte_identical_to_one_dumps(record, piece_bytes):
     expected = orjson.dumps(record, option=OPT)
     with tiny_limits():
         assert chunking(piece_bytes).encode(record, 0) == expected
+        assert sizing(1, piece_bytes).encode(record, 0) == expected  # sized, then chunked
+        assert sizing(10**6, piece_bytes).encode(record, 0) == expected  # sized, then one dumps
     assert chunking(piece_bytes).encode(record, 0) == expected
     assert encode_record(record, 0) == expected
 
@@ -161,6 +169,64 @@ def test_a_value_plainly_too_big_for_a_piece_is_not_scanned_first(monkeypatch, t
     expected = orjson.dumps(episode)
     assert encode_record(episode, 0) == expected
     assert scanned[0] <= 1.6 * len(expected) + CHUNK_THRESHOLD_BYTES  # the scan deciding to chunk may be spent
+
+
+def test_a_value_sized_past_what_is_left_of_the_threshold_is_still_checked_in_full():
+    # The record's own values are scanned up to what is left of the threshold; a value that fits a
+    # piece but not what is left must still have every float checked before it goes into a piece.
+    record = {"a": "x" * 900, "b": [1.0] * 30 + [float("nan")]}
+    encoder = RecordEncoder(chunk_threshold_bytes=1000, piece_bytes=4096)
+    with pytest.raises(ValueError, match=r"record 3: .*\bb\b"):
+        encoder.encode(record, 3)
+    fine = {"a": "x" * 900, "b": [1.0] * 31}
+    assert encoder.encode(fine, 3) == orjson.dumps(fine)
+
+
+def test_a_large_record_is_not_scanned_to_the_threshold_before_it_is_cut(monkeypatch):
+    # An episode's traces are a few large values: a guess says so, and the record is cut at once.
+    # Scanning a quarter MB of it first, to walk it again piece by piece, cost ~8% of the encoder.
+    beyond_a_piece: list[int] = []  # what each scan with a limit past a piece walked
+    real_scan = _sizing.scan
+
+    def scan(value, limit, own_piece_items=0):
+        size = real_scan(value, limit, own_piece_items)
+        if limit > _encode.PIECE_BYTES:
+            beyond_a_piece.append(min(size, limit + 1))
+        return size
+
+    monkeypatch.setattr(_encode, "scan", scan)
+    for seed in range(4):
+        beyond_a_piece.clear()
+        episode = generate_episode(seed, target_bytes=2_000_000, now=NOW)
+        assert encode_record(episode, 0) == orjson.dumps(episode)
+        assert 0 < sum(beyond_a_piece) < _encode.SMALL_RECORD_BYTES + 16_000, seed  # the envelope, not the traces
+
+
+def test_a_nan_past_the_first_scan_of_a_record_dumped_whole_is_refused():
+    # The first scan stops at the text; the values are then sized one by one, and the record goes in one dumps.
+    record = {"text": "x" * 5000, "calls": [{"logprobs": [0.1] * 100 + [float("nan")]}]}
+    with pytest.raises(ValueError, match=r"^record 7: calls\[0\]\.logprobs\[100\] is NaN"):
+        encode_record(record, 7)
+    fine = {"text": "x" * 5000, "calls": [{"logprobs": [0.1] * 101}]}
+    assert _encode.encode_record_parts(fine, 7) == orjson.dumps(fine)  # bytes: one dumps
+
+
+def test_a_record_under_the_threshold_with_a_short_list_guessed_over_a_piece_is_chunked():
+    # 60 messages, the last one long: the guess takes it for half of them (~900 KB), the record is ~38 KB.
+    chat = {"id": "c", "messages": [{"role": "user", "content": "m" * 100} for _ in range(59)]}
+    chat["messages"].append({"role": "assistant", "content": "a" * 30_000})
+    assert _sizing.estimate(chat["messages"], _encode.PIECE_BYTES) > _encode.PIECE_BYTES
+    assert len(orjson.dumps(chat)) < CHUNK_THRESHOLD_BYTES
+    parts = _encode.encode_record_parts(chat, 0)
+    assert isinstance(parts, LineParts) and b"".join(parts) == orjson.dumps(chat)
+
+
+def test_a_wide_record_counts_its_keys_when_sized_value_by_value():
+    # 40,000 small values: ~12 bytes of key each, as scan() counts them, put it past the threshold.
+    wide = {f"k{i:06d}": i for i in range(40_000)}
+    assert sum(_encode.item_sizes(wide, _encode.PIECE_BYTES, CHUNK_THRESHOLD_BYTES)) < CHUNK_THRESHOLD_BYTES
+    parts = _encode.encode_record_parts(wide, 0)
+    assert isinstance(parts, LineParts) and b"".join(parts) == orjson.dumps(wide)
 
 
 def test_a_small_record_whose_size_a_guess_overshoots_is_still_one_dumps():
@@ -237,7 +303,9 @@ class Level(enum.Enum):
     ids=lambda value: repr(value)[:40],
 )
 @pytest.mark.parametrize(
-    "encoder", [RecordEncoder(), chunking(), chunking(100_000)], ids=["fast", "chunked-tiny", "chunked"]
+    "encoder",
+    [RecordEncoder(), chunking(), chunking(100_000), sizing(1), sizing(10**6)],
+    ids=["fast", "chunked-tiny", "chunked", "sized-then-chunked", "sized-then-dumped"],
 )
 def test_nan_and_infinity_are_refused_naming_the_record(encoder, value):
     record = {"id": "t-1", "calls": [{"logprobs": value}]}
@@ -621,7 +689,6 @@ def test_docstring_example_holds():
 
 
 def test_encode_parts_joins_to_exactly_what_encode_returns():
-    from prime_traces._batching import LineParts
     from prime_traces._encode import RecordEncoder
 
     encoder = RecordEncoder(chunk_threshold_bytes=0, piece_bytes=64)

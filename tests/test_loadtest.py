@@ -219,3 +219,22 @@ def test_page_faults_are_read_for_any_process_and_count_each_first_touch_of_a_pa
     assert pages <= first[0] < pages + slack
     assert again[0] < slack
     assert pages <= dropped[0] < pages + slack
+
+
+def test_the_paired_encoder_bench_loads_a_committed_encoder_and_times_both_on_each_record(tmp_path):
+    import bench_encode_paired as paired
+    import orjson
+
+    from prime_traces import _encode
+
+    older = paired.encoder_at("HEAD", tmp_path)
+    assert older.__file__ != _encode.__file__ and older.encode_record_parts is not _encode.encode_record_parts
+    records = [{"id": f"r-{i}", "text": "t" * (i * 40_000), "nums": [0.5] * 3_000} for i in range(4)]
+    for index, record in enumerate(records):
+        out = older.encode_record_parts(record, index)
+        assert (out if isinstance(out, bytes) else b"".join(out)) == orjson.dumps(record)
+    encoders = {"older": older.encode_record_parts, "this tree": _encode.encode_record_parts}
+    result = paired.compare(encoders, records, passes=2)
+    assert result["older"][1:] == (1.0, 1.0, 1.0)  # its own ratio, each pass
+    mean_ms, ratio, low, high = result["this tree"]
+    assert mean_ms > 0 and low <= ratio <= high and 0.1 < ratio < 10
