@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from prime_traces import _encode, _sizing
+from prime_traces import _chunker, _encode, _sizing
 from prime_traces._batching import LineParts
 from prime_traces._encode import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
 
@@ -74,7 +74,8 @@ def sizing(threshold_bytes: int, piece_bytes: int = 1) -> RecordEncoder:
 def tiny_limits() -> Iterator[None]:
     """Shrink the chunked path's size constants so small documents reach every branch."""
     with (
-        mock.patch.multiple(_encode, _OWN_PIECE_ITEMS=3, UNPROBED_ITEMS=3, _SEGMENT_BYTES=64, SMALL_RECORD_BYTES=0),
+        mock.patch.multiple(_chunker, _OWN_PIECE_ITEMS=3, UNPROBED_ITEMS=3, _SEGMENT_BYTES=64),
+        mock.patch.object(_encode, "SMALL_RECORD_BYTES", 0),
         mock.patch.multiple(_sizing, UNPROBED_ITEMS=3, ESTIMATE_NODES=3),
     ):
         yield
@@ -165,6 +166,7 @@ def test_a_value_plainly_too_big_for_a_piece_is_not_scanned_first(monkeypatch, t
         return size
 
     monkeypatch.setattr(_encode, "scan", scan)
+    monkeypatch.setattr(_chunker, "scan", scan)
     episode = generate_episode(3, target_bytes=target_bytes, now=NOW)
     expected = orjson.dumps(episode)
     assert encode_record(episode, 0) == expected
@@ -195,6 +197,7 @@ def test_a_large_record_is_not_scanned_to_the_threshold_before_it_is_cut(monkeyp
         return size
 
     monkeypatch.setattr(_encode, "scan", scan)
+    monkeypatch.setattr(_chunker, "scan", scan)
     for seed in range(4):
         beyond_a_piece.clear()
         episode = generate_episode(seed, target_bytes=2_000_000, now=NOW)
@@ -402,8 +405,8 @@ def test_a_big_dataclass_is_cut_into_pieces_like_a_dict():
         messages: list
 
     record = {"trace": Trace([{"content": "x" * 100, "n": i} for i in range(3000)])}
-    real_emit = _encode._Chunker._emit
-    with mock.patch.object(_encode._Chunker, "_emit", autospec=True, side_effect=real_emit) as emit:
+    real_emit = _chunker.Chunker._emit
+    with mock.patch.object(_chunker.Chunker, "_emit", autospec=True, side_effect=real_emit) as emit:
         assert RecordEncoder(chunk_threshold_bytes=0, piece_bytes=4096).encode(record, 0) == orjson.dumps(record)
     assert emit.call_count > 50  # about 4 KB each, not one dumps of the whole dataclass (360 KB)
 
@@ -487,13 +490,13 @@ def test_a_huge_string_is_split_between_pieces(monkeypatch):
     text = ('naïve café 数据 🚀 "quoted"\n\u0001 ' * 40_000)[:1_000_003]
     record = {"id": "t-1", "nodes": [{"message": {"role": "tool", "content": text}}]}
     pieces: list[int] = []
-    real_emit = _encode._Chunker._emit
+    real_emit = _chunker.Chunker._emit
 
     def emit(self, value, *args, **kwargs):
         pieces.append(len(value) if isinstance(value, str) else 0)
         return real_emit(self, value, *args, **kwargs)
 
-    monkeypatch.setattr(_encode._Chunker, "_emit", emit)
+    monkeypatch.setattr(_chunker.Chunker, "_emit", emit)
     assert encode_record(record, 0) == orjson.dumps(record)
     assert max(pieces) <= _encode.PIECE_BYTES and sum(pieces) == len(text)
 
@@ -597,7 +600,7 @@ def test_the_yield_hands_the_gil_to_a_thread_waiting_for_it(switch_interval_5_ms
                 while spins[0] == ran:
                     pass
                 before = spins[0]
-                _encode._yield()
+                _chunker._yield()
                 handed += spins[0] != before
             rounds.append(handed)
             if handed >= 40:
@@ -612,8 +615,8 @@ def test_the_yield_hands_the_gil_to_a_thread_waiting_for_it(switch_interval_5_ms
 def test_a_switch_interval_that_hands_the_gil_over_makes_the_yields_cheap(monkeypatch):
     sleeps: list[None] = []
     sched: list[None] = []
-    monkeypatch.setattr(_encode, "_yield", lambda: sleeps.append(None))
-    monkeypatch.setattr(_encode, "_sched_yield", lambda: sched.append(None))
+    monkeypatch.setattr(_chunker, "_yield", lambda: sleeps.append(None))
+    monkeypatch.setattr(_chunker, "_sched_yield", lambda: sched.append(None))
     episode = generate_episode(2, target_bytes=3_000_000, now=NOW)
     before = sys.getswitchinterval()
     try:
@@ -630,7 +633,7 @@ def test_a_switch_interval_that_hands_the_gil_over_makes_the_yields_cheap(monkey
 
 def test_small_records_take_one_dumps_and_never_yield(monkeypatch):
     sleeps: list[None] = []
-    monkeypatch.setattr(_encode, "_yield", lambda: sleeps.append(None))
+    monkeypatch.setattr(_chunker, "_yield", lambda: sleeps.append(None))
     episode = generate_episode(1, target_bytes=CHUNK_THRESHOLD_BYTES // 3, now=NOW)
     assert RecordEncoder(yield_interval_s=0).encode(episode, 0) == orjson.dumps(episode)
     assert sleeps == []
@@ -638,7 +641,7 @@ def test_small_records_take_one_dumps_and_never_yield(monkeypatch):
 
 def test_chunked_path_yields_the_gil_between_bounded_pieces(monkeypatch):
     sleeps: list[None] = []
-    monkeypatch.setattr(_encode, "_yield", lambda: sleeps.append(None))
+    monkeypatch.setattr(_chunker, "_yield", lambda: sleeps.append(None))
     pieces: list[int] = []
 
     class RecordingOrjson:
@@ -651,7 +654,7 @@ def test_chunked_path_yields_the_gil_between_bounded_pieces(monkeypatch):
             pieces.append(len(data))
             return data
 
-    monkeypatch.setattr(_encode, "orjson", RecordingOrjson())
+    monkeypatch.setattr(_chunker, "orjson", RecordingOrjson())
     episode = generate_episode(2, target_bytes=3_000_000, now=NOW)
     encoded = RecordEncoder(yield_interval_s=0).encode(episode, 0)
     assert encoded == orjson.dumps(episode)
@@ -661,9 +664,9 @@ def test_chunked_path_yields_the_gil_between_bounded_pieces(monkeypatch):
 
 def test_yield_interval_spaces_the_yields(monkeypatch, switch_interval_5_ms):
     sleeps: list[None] = []
-    monkeypatch.setattr(_encode, "_yield", lambda: sleeps.append(None))
+    monkeypatch.setattr(_chunker, "_yield", lambda: sleeps.append(None))
     ticks = iter(range(10**6))
-    monkeypatch.setattr(_encode.time, "perf_counter", lambda: next(ticks) * 0.0004)
+    monkeypatch.setattr(_chunker.time, "perf_counter", lambda: next(ticks) * 0.0004)
     episode = generate_episode(2, target_bytes=3_000_000, now=NOW)
     RecordEncoder(yield_interval_s=0).encode(episode, 0)
     every_piece = len(sleeps)

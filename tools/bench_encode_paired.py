@@ -4,9 +4,9 @@ A change to the encoder moves its CPU by a few percent, less than this
 machine's noise between two runs. So both versions encode the same records
 here, in one process: each record through each encoder in turn (the order
 rotating from record to record), timed with the thread's CPU clock, for
-``--passes`` passes. The older version is ``prime_traces/_encode.py`` and
-``prime_traces/_sizing.py`` as committed at ``--against``, loaded as modules
-of their own beside the working tree's. One ``orjson.dumps`` runs beside them
+``--passes`` passes. The older version is ``prime_traces/_encode.py``,
+``_chunker.py`` (where it exists) and ``_sizing.py`` as committed at
+``--against``, loaded as modules of their own beside the working tree's. One ``orjson.dumps`` runs beside them
 as a yardstick. It prints, per set of records, each encoder's CPU per MB and
 its ratio to the older version: the mean over the passes and their range.
 
@@ -50,20 +50,20 @@ Encode = Callable[[Any, int], object]
 
 
 def encoder_at(revision: str, directory: Path) -> ModuleType:
-    """The encoder module as committed at ``revision``, importing the sizing module of the same revision."""
-    sources = {}
-    for name in ("_sizing", "_encode"):
+    """The encoder module as committed at ``revision``, importing the encoder's other modules of that revision."""
+    names = ("_sizing", "_chunker", "_encode")  # in import order; _chunker is not in older revisions
+    for name in names:
         shown = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{revision}:prime_traces/{name}.py"],
-            check=True,
-            capture_output=True,
-            text=True,
+            ["git", "-C", str(ROOT), "show", f"{revision}:prime_traces/{name}.py"], capture_output=True, text=True
         )
-        sources[name] = shown.stdout
-    (directory / "older_sizing.py").write_text(sources["_sizing"])
-    (directory / "older_encode.py").write_text(
-        sources["_encode"].replace("from prime_traces._sizing import", "from older_sizing import")
-    )
+        if shown.returncode != 0:
+            if name == "_chunker":
+                continue
+            raise SystemExit(f"git show {revision}:prime_traces/{name}.py failed: {shown.stderr.strip()}")
+        source = shown.stdout
+        for other in names:
+            source = source.replace(f"from prime_traces.{other} import", f"from older{other} import")
+        (directory / f"older{name}.py").write_text(source)
     sys.path.insert(0, str(directory))
     try:
         spec = importlib.util.spec_from_file_location("older_encode", directory / "older_encode.py")
@@ -72,7 +72,8 @@ def encoder_at(revision: str, directory: Path) -> ModuleType:
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(directory))
-        sys.modules.pop("older_sizing", None)  # the module keeps its own reference
+        for name in names:  # the module keeps its own references
+            sys.modules.pop(f"older{name}", None)
     return module
 
 
