@@ -84,7 +84,7 @@ def item_sizes(mapping: dict, piece: int, limit: int = 0) -> list[int]:
     With ``limit`` (a record's own values, which may go in one dumps) each value
     is scanned up to what its keys and the values before it leave of ``limit``
     (at least a piece), so that a record within it is found to be; but a short
-    list that a guess puts over a piece is taken as too big, unscanned. Without
+    list that a guess puts over all of ``limit`` is taken as too big, unscanned. Without
     it (the values of a dict cut into pieces), long lists and lists that look
     too big for a piece are taken as too big too.
     """
@@ -96,8 +96,10 @@ def item_sizes(mapping: dict, piece: int, limit: int = 0) -> list[int]:
         elif kind is int or kind is bool or item is None:
             size = INT_BYTES
         elif limit:
-            if kind is list and 0 < len(item) < UNPROBED_ITEMS and estimate(item, piece) > piece:
-                size = sys.maxsize  # a few large values (an episode's traces): scanning them first would be waste
+            # A few large values (an episode's traces): scanning them up to the limit first would be waste. A
+            # guess over a piece is not enough: one long last message makes a 20 KB chat look like 90 KB.
+            if kind is list and 0 < len(item) < UNPROBED_ITEMS and estimate(item, limit) > limit:
+                size = sys.maxsize
             else:
                 size = scan(item, max(left, piece))  # so a size within a piece is always a whole scan
         elif kind is list and len(item) >= _OWN_PIECE_ITEMS and type(item[0]) in NUMBER:

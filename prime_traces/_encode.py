@@ -4,8 +4,8 @@ A record at most ``CHUNK_THRESHOLD_BYTES`` is one ``orjson.dumps``; a larger one
 is cut into pieces by ``prime_traces._chunker``, whose docstring says how it
 hands the GIL over between them. A record is sized value by value
 (:func:`~prime_traces._chunker.item_sizes`), as the pieces are: a short list
-whose guessed size is over a piece (an episode's traces) makes it chunked
-without a scan, so its start is not walked twice. orjson writes NaN and
+whose guessed size is over the whole threshold (an episode's traces) makes it
+chunked without a scan, so its start is not walked twice. orjson writes NaN and
 ±Infinity as ``null``, so sizing a value checks its floats too
 (``prime_traces._sizing``).
 """
@@ -150,7 +150,7 @@ class RecordEncoder:
                 return orjson.dumps(record, default=default, option=OPTIONS)
             # Sized value by value, as the chunker sizes them anyway: scanning the whole record up to the
             # threshold first would walk a large record's first quarter MB twice. A short list that a guess
-            # puts over a piece makes the record chunked, under the threshold or not.
+            # puts over the threshold makes the record chunked, whatever its real size.
             sizes = item_sizes(record, self.piece_bytes, threshold)
             if sum(sizes) + 2 + 12 * dict.__len__(record) <= threshold:
                 return orjson.dumps(record, default=default, option=OPTIONS)

@@ -214,14 +214,23 @@ def test_a_nan_past_the_first_scan_of_a_record_dumped_whole_is_refused():
     assert _encode.encode_record_parts(fine, 7) == orjson.dumps(fine)  # bytes: one dumps
 
 
-def test_a_record_under_the_threshold_with_a_short_list_guessed_over_a_piece_is_chunked():
+def test_a_record_under_the_threshold_with_a_short_list_guessed_over_it_is_chunked():
     # 60 messages, the last one long: the guess takes it for half of them (~900 KB), the record is ~38 KB.
     chat = {"id": "c", "messages": [{"role": "user", "content": "m" * 100} for _ in range(59)]}
     chat["messages"].append({"role": "assistant", "content": "a" * 30_000})
-    assert _sizing.estimate(chat["messages"], _encode.PIECE_BYTES) > _encode.PIECE_BYTES
+    assert _sizing.estimate(chat["messages"], CHUNK_THRESHOLD_BYTES) > CHUNK_THRESHOLD_BYTES
     assert len(orjson.dumps(chat)) < CHUNK_THRESHOLD_BYTES
     parts = _encode.encode_record_parts(chat, 0)
     assert isinstance(parts, LineParts) and b"".join(parts) == orjson.dumps(chat)
+
+
+@pytest.mark.parametrize(("count", "last"), [(40, 4_000), (20, 8_000), (10, 20_000)])
+def test_a_chat_whose_guess_is_over_a_piece_but_not_the_threshold_is_scanned_and_one_dumps(count, last):
+    # Cut into pieces, these cost twice the CPU of one scan and one dumps.
+    chat = {"id": "c", "messages": [{"role": "user", "content": "m" * 500} for _ in range(count - 1)]}
+    chat["messages"].append({"role": "assistant", "content": "a" * last})
+    assert _sizing.estimate(chat["messages"], _encode.PIECE_BYTES) > _encode.PIECE_BYTES > len(orjson.dumps(chat))
+    assert _encode.encode_record_parts(chat, 0) == orjson.dumps(chat)  # bytes, not pieces
 
 
 def test_a_wide_record_counts_its_keys_when_sized_value_by_value():

@@ -12,7 +12,9 @@ its ratio to the older version: the mean over the passes and their range.
 
 The sets: the load test's episodes (production sizes times 0.1, from the
 same templates), generated episodes of 0.3-3.5 MB and of 20-300 KB, chat
-records of 10-700 messages, and rows of a few hundred bytes.
+records of 10-700 messages, chat records whose last message is long (a guess
+from the first and last items overshoots them), and rows of a few hundred
+bytes.
 
     python tools/bench_encode_paired.py --against HEAD~1 --passes 6
 """
@@ -95,6 +97,15 @@ def record_sets(directory: Path) -> dict[str, list[Any]]:
             {"id": f"c-{k}-{i}", "messages": [{"role": "user", "content": "m" * 300} for _ in range(k)]}
             for k in (10, 50, 200, 400, 700)
             for i in range(40)
+        ],
+        "chat, 10-40 messages, the last long": [
+            {
+                "id": f"l-{count}-{i}",
+                "messages": [{"role": "user", "content": "m" * 500} for _ in range(count - 1)]
+                + [{"role": "assistant", "content": "a" * last}],
+            }
+            for count, last in ((40, 4_000), (20, 8_000), (10, 20_000))
+            for i in range(100)
         ],
         "rows of a few hundred bytes": [
             {"id": f"r-{i}", "step": i, "loss": i / 1e4, "info": {"note": "z" * (i % 900)}, "vals": [0.1] * (i % 50)}
