@@ -36,6 +36,7 @@ from prime_traces._sizing import (
     NUMBER,
     UNPROBED_ITEMS,
     estimate,
+    keys_bytes,
     native_items,
     scan,
 )
@@ -88,7 +89,7 @@ def item_sizes(mapping: dict, piece: int, limit: int = 0) -> list[int]:
     it (the values of a dict cut into pieces), long lists and lists that look
     too big for a piece are taken as too big too.
     """
-    sizes, left = [], limit - 2 - 12 * dict.__len__(mapping)  # the keys, as scan() counts them
+    sizes, left = [], limit - keys_bytes(mapping)
     for item in dict.values(mapping):  # a subclass's own storage, as orjson reads it
         kind = type(item)
         if kind is str:
@@ -239,7 +240,7 @@ class Chunker:
     def _array(self, array: Any) -> None:
         rows = len(array)
         step = max(1, self.piece // (max(1, array.size // rows) * FLOAT_BYTES))
-        # A one-row slice of a strided array is contiguous: convert it as _default would the whole.
+        # A one-row slice of a strided array is contiguous: convert it as default() would the whole.
         as_list = not array.flags.c_contiguous
         self.out.write(b"[")
         for i in range(0, rows, step):

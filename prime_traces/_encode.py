@@ -28,7 +28,7 @@ from prime_traces._chunker import (
     item_sizes,
 )
 from prime_traces._locate import describe_located
-from prime_traces._sizing import NonFinite, scan
+from prime_traces._sizing import NonFinite, keys_bytes, scan
 
 CHUNK_THRESHOLD_BYTES = 256_000  # estimated output size above which a record is chunked (~0.5 ms of dumps)
 SMALL_RECORD_BYTES = 4_000  # a record scanned within this is one dumps at once (most metrics rows)
@@ -152,7 +152,7 @@ class RecordEncoder:
             # threshold first would walk a large record's first quarter MB twice. A short list that a guess
             # puts over the threshold makes the record chunked, whatever its real size.
             sizes = item_sizes(record, self.piece_bytes, threshold)
-            if sum(sizes) + 2 + 12 * dict.__len__(record) <= threshold:
+            if sum(sizes) + keys_bytes(record) <= threshold:
                 return orjson.dumps(record, default=default, option=OPTIONS)
             chunker = Chunker(self.piece_bytes, self.yield_interval_s)
             chunker.dict_of(record, 0, sizes)

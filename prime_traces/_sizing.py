@@ -21,6 +21,7 @@ from typing import Any
 
 FLOAT_BYTES = 22  # a float32 logprob prints as ~20 characters, a float64 as up to 24
 INT_BYTES = 6
+KEY_BYTES = 12  # a dict key: its quotes, colon and comma, and ~8 characters
 NUMBER = (int, float)
 UNPROBED_ITEMS = 64  # chunked: a list of this many other values is gone through item by item
 ESTIMATE_NODES = 64  # containers a guess looks at, at most
@@ -72,6 +73,11 @@ def check_numbers(seq: Any) -> bool:
     return True  # finite floats whose sum overflowed
 
 
+def keys_bytes(mapping: dict) -> int:
+    """A dict's braces and keys, as :func:`scan` counts them (its values aside)."""
+    return 2 + KEY_BYTES * dict.__len__(mapping)
+
+
 def estimate(value: object, limit: int) -> int:
     """Guess value's encoded size from the first and last items of each list, checking nothing.
 
@@ -94,11 +100,11 @@ def estimate(value: object, limit: int) -> int:
         elif t is dict or (t is not list and isinstance(v, dict)):
             n = dict.__len__(v)
             if n > ESTIMATE_NODES:  # wide: its first value stands for all
-                size += times * n * 12
+                size += times * n * KEY_BYTES
                 order += 1
                 heapq.heappush(heap, (-times * n, order, next(iter(dict.values(v)))))
                 continue
-            size += times * (2 + 12 * n)
+            size += times * (2 + KEY_BYTES * n)
             for x in dict.values(v):
                 tx = type(x)
                 if tx is str:
@@ -154,10 +160,10 @@ def scan(value: object, limit: int, own_piece_items: int = 0) -> int:
                 size += len(v) + 2 if v.isascii() else 2 * len(v) + 2
             elif t is dict or (t is not list and isinstance(v, dict)):
                 if t is dict:  # len() and .values() cost less than calls through dict's slots
-                    size += 2 + 12 * len(v)  # keys: quotes, colon, comma and ~8 characters
+                    size += 2 + KEY_BYTES * len(v)
                     values = v.values()
                 else:  # a subclass's own storage, as orjson reads it
-                    size += 2 + 12 * dict.__len__(v)
+                    size += 2 + KEY_BYTES * dict.__len__(v)
                     values = dict.values(v)
                 for x in values:
                     tx = type(x)
@@ -209,7 +215,7 @@ def scan(value: object, limit: int, own_piece_items: int = 0) -> int:
                 if native is None:
                     size += INT_BYTES
                 else:  # a dataclass: written as a dict of its public attributes
-                    size += 2 + 12 * len(native)
+                    size += 2 + KEY_BYTES * len(native)
                     stack.extend(native.values())
             if size > limit:
                 return size
