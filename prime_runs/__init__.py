@@ -20,8 +20,8 @@ import logging
 import warnings
 from typing import Any
 
-from prime_runs._init import init
-from prime_runs._lifecycle import KINDS, MODES
+from prime_runs._service.ownership import KINDS, MODES
+from prime_runs._start.init import init
 from prime_runs.errors import PrimeRunsError, SinkError
 from prime_runs.run import Run
 from prime_traces.version import __version__
@@ -30,12 +30,12 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Names of earlier releases that are internal now, kept one more release with a DeprecationWarning.
 _DEPRECATED = {
-    "DEFAULT_MAX_QUEUED_BYTES": "prime_runs._queue",
-    "DEFAULT_MAX_QUEUED_RECORDS": "prime_runs._queue",
-    "Ledger": "prime_runs._sink",
-    "Sink": "prime_runs._sink",
-    "SinkStatus": "prime_runs._sink",
-    "UploadWorker": "prime_runs._worker",
+    "DEFAULT_MAX_QUEUED_BYTES": "prime_runs._upload.queue",
+    "DEFAULT_MAX_QUEUED_RECORDS": "prime_runs._upload.queue",
+    "Ledger": "prime_runs._records.ledger",
+    "Sink": "prime_runs._records.ledger",
+    "SinkStatus": "prime_runs._records.ledger",
+    "UploadWorker": "prime_runs._upload.worker",
     "RunStateError": "prime_runs.errors",
 }
 

@@ -11,18 +11,18 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from prime_runs import _interrupt
-from prime_runs._console import Console
-from prime_runs._finish import Finishing, live_runs
-from prime_runs._lifecycle import ENV_RUN_ID, describe
-from prime_runs._metric_values import History, flatten, to_wire
-from prime_runs._metric_values import row as metric_row
-from prime_runs._metrics_lane import MetricsLane
-from prime_runs._run_file import RunFile
-from prime_runs._rundir import RunDirectory
-from prime_runs._shutdown import ShutdownHooks
-from prime_runs._sink import Sink
-from prime_runs._worker import UploadWorker
+from prime_runs._console.console import Console
+from prime_runs._finish import interrupt
+from prime_runs._finish.exit_hooks import ShutdownHooks
+from prime_runs._finish.finisher import Finishing, live_runs
+from prime_runs._history.lane import MetricsLane
+from prime_runs._history.values import History, flatten, to_wire
+from prime_runs._history.values import row as metric_row
+from prime_runs._local.run_file import RunFile
+from prime_runs._local.rundir import RunDirectory
+from prime_runs._records.ledger import Sink
+from prime_runs._service.ownership import ENV_RUN_ID, describe
+from prime_runs._upload.worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
 from prime_traces.client import TracesClient
 from prime_traces.threads import call_in_forked_child, run_in_daemon
@@ -368,7 +368,7 @@ class Run(Finishing):
             self._finished.set()
             self._finish_lock.release()
         if self._stop_requested and threading.current_thread() is threading.main_thread():
-            _interrupt.end_now()  # a second Ctrl-C: what was left is on disk; end as the signal would
+            interrupt.end_now()  # a second Ctrl-C: what was left is on disk; end as the signal would
         self._raise_first_error()
 
     def _stop_waiting(self) -> None:

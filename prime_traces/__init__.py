@@ -25,8 +25,7 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from prime_traces._batching import Batch
-from prime_traces._models import (
+from prime_traces._api.models import (
     EpisodeDetail,
     EpisodeError,
     EpisodeListPage,
@@ -45,6 +44,7 @@ from prime_traces._models import (
     TraceSummary,
     UploadReceipt,
 )
+from prime_traces._upload.batching import Batch
 from prime_traces.client import TracesClient
 from prime_traces.encoding import LineFormat
 from prime_traces.errors import (
@@ -81,7 +81,7 @@ _MOVED = {
     "MAX_BATCH_BYTES": "prime_traces.client",
     "MAX_BATCH_LINES": "prime_traces.client",
     "MAX_LINE_BYTES": "prime_traces.encoding",
-    "GZIP_LEVEL": "prime_traces._compress",  # an internal setting: no public home
+    "GZIP_LEVEL": "prime_traces._upload.compress",  # an internal setting: no public home
 }
 
 

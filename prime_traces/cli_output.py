@@ -32,8 +32,8 @@ from typing import Any, NoReturn
 
 import orjson
 
-from prime_traces._models import TraceSummary
-from prime_traces._redact import redact
+from prime_traces._api.models import TraceSummary
+from prime_traces._http.redact import redact
 from prime_traces.errors import APIError
 
 __all__ = [

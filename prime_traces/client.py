@@ -9,25 +9,19 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prime_traces._batching import (
-    DEFAULT_TARGET_BATCH_BYTES,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_LINES,
-    LineLike,
-    LineParts,
-    iter_file_lines,
-)
-from prime_traces._body_buffers import BODY_BUFFERS
-from prime_traces._compress import COMPRESSION_CHOICES, DEFAULT_ZSTD_LEVEL, CodingSelector
-from prime_traces._encode import encode_record_parts, is_episode
-from prime_traces._models import UploadReceipt
-from prime_traces._read_api import ReadAPI
-from prime_traces._retry import DEFAULT_UPLOAD_ATTEMPTS
-from prime_traces._runs_api import MAX_METRIC_ROWS_PER_REQUEST, RUN_KINDS, TERMINAL_STATUSES, RunsAPI
-from prime_traces._sender import DEFAULT_MAX_REFUSED_S, Sender, UploadSettings
-from prime_traces._transport import Transport
-from prime_traces._uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Upload
-from prime_traces._window import InFlightWindow
+from prime_traces._api.models import UploadReceipt
+from prime_traces._api.reads import ReadAPI
+from prime_traces._api.runs import MAX_METRIC_ROWS_PER_REQUEST, RUN_KINDS, TERMINAL_STATUSES, RunsAPI
+from prime_traces._http.retry import DEFAULT_UPLOAD_ATTEMPTS
+from prime_traces._http.transport import Transport
+from prime_traces._lines.encoder import encode_record_parts, is_episode
+from prime_traces._lines.parts import LineLike, LineParts
+from prime_traces._upload.batching import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, MAX_BATCH_LINES, iter_file_lines
+from prime_traces._upload.body_buffers import BODY_BUFFERS
+from prime_traces._upload.compress import COMPRESSION_CHOICES, DEFAULT_ZSTD_LEVEL, CodingSelector
+from prime_traces._upload.sender import DEFAULT_MAX_REFUSED_S, Sender, UploadSettings
+from prime_traces._upload.uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Upload
+from prime_traces._upload.window import InFlightWindow
 from prime_traces.config import READ_TIMEOUT_S, resolve_config
 from prime_traces.encoding import LineFormat
 from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError

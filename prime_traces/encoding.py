@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import enum
 
-from prime_traces._batching import MAX_LINE_BYTES, LineParts, line_size
-from prime_traces._encode import encode_record_parts, is_episode, record_form
-from prime_traces._lines import LineError, LineFacts, check_record
+from prime_traces._lines.encoder import encode_record_parts, is_episode, record_form
+from prime_traces._lines.parts import MAX_LINE_BYTES, LineParts, line_size
+from prime_traces._lines.rules import LineError, LineFacts, check_record
 
 __all__ = [
     "MAX_LINE_BYTES",

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from prime_traces._models import UploadReceipt
+    from prime_traces._api.models import UploadReceipt
     from prime_traces.errors import LineRejection, PrimeTracesError
 
 

@@ -10,7 +10,7 @@ import pytest
 from _wire import trace
 
 from prime_traces import TracesClient, UploadError
-from prime_traces._window import MAX_PROBE_PENALTY, OK, OTHER, REFUSED, InFlightWindow
+from prime_traces._upload.window import MAX_PROBE_PENALTY, OK, OTHER, REFUSED, InFlightWindow
 from prime_traces.report import BatchStatus
 from prime_traces.server import LocalTracesService
 

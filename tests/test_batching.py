@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prime_traces import TraceTooLargeError, _batching
-from prime_traces._batching import (
+from prime_traces import TraceTooLargeError
+from prime_traces._upload import batching as _batching
+from prime_traces._upload.batching import (
     DEFAULT_TARGET_BATCH_BYTES,
     MAX_BATCH_BYTES,
     MAX_BATCH_LINES,
@@ -266,7 +267,7 @@ def test_batching_properties(lines, target, max_lines):
 
 
 def test_a_line_in_parts_batches_exactly_like_the_joined_line():
-    from prime_traces._batching import LineParts
+    from prime_traces._lines.parts import LineParts
 
     lines = [b'{"id":"a","x":"' + b"y" * 500 + b'"}', b'{"id":"b"}', b'{"id":"c","z":[1,2,3]}']
     parted = [LineParts((line[:7], line[7:20], line[20:])) for line in lines]
@@ -277,8 +278,8 @@ def test_a_line_in_parts_batches_exactly_like_the_joined_line():
 
 
 def test_a_line_in_parts_over_the_line_limit_is_refused(monkeypatch):
-    import prime_traces._batching as batching
-    from prime_traces._batching import LineParts
+    import prime_traces._upload.batching as batching
+    from prime_traces._lines.parts import LineParts
 
     monkeypatch.setattr(batching, "MAX_LINE_BYTES", 10)
     with pytest.raises(TraceTooLargeError, match="line 2"):

@@ -11,9 +11,12 @@ import pytest
 from _client_helpers import client_for, lines_of, stored_trace_ids
 from _fork import in_child
 
-from prime_traces import _batching, _body_buffers, client
-from prime_traces._batching import DEFAULT_TARGET_BATCH_BYTES, LineParts, iter_batches
-from prime_traces._body_buffers import MIN_POOLED_BYTES, BodyBuffers
+from prime_traces import client
+from prime_traces._lines.parts import LineParts
+from prime_traces._upload import batching as _batching
+from prime_traces._upload import body_buffers as _body_buffers
+from prime_traces._upload.batching import DEFAULT_TARGET_BATCH_BYTES, iter_batches
+from prime_traces._upload.body_buffers import MIN_POOLED_BYTES, BodyBuffers
 
 MiB = 1024**2
 

@@ -11,9 +11,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prime_traces import _chunker, _encode, _sizing
-from prime_traces._batching import LineParts
-from prime_traces._encode import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
+from prime_traces._lines import chunker as _chunker
+from prime_traces._lines import encoder as _encode
+from prime_traces._lines import sizing as _sizing
+from prime_traces._lines.encoder import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
+from prime_traces._lines.parts import LineParts
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from workload import generate_episode

@@ -23,7 +23,7 @@ import pytest
 import requests
 from _upload_helpers import make_trace, upload
 
-from prime_runs._rundir import RunDirectory
+from prime_runs._local.rundir import RunDirectory
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 

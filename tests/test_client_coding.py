@@ -10,7 +10,7 @@ import orjson
 import requests
 from _client_helpers import client_for, lines_of, producer, stored_trace_ids
 
-from prime_traces._batching import iter_batches
+from prime_traces._upload.batching import iter_batches
 from prime_traces.server import LocalTracesService
 
 
@@ -129,7 +129,7 @@ def test_a_service_that_stops_taking_zstd_gets_the_refused_batch_again_in_gzip(s
 
 
 def test_auto_compression_asks_with_a_small_first_batch(tmp_path, monkeypatch):
-    import prime_traces._uploader as uploader
+    import prime_traces._upload.uploader as uploader
     import prime_traces.server._upload as upload_route
 
     monkeypatch.setattr(uploader, "PROBE_BATCH_BYTES", 2_000)  # stands for 1 MiB beside 30 MiB batches

@@ -23,7 +23,7 @@ from prime_traces import (
     TracesClient,
     UploadError,
 )
-from prime_traces._transport import error_from_response
+from prime_traces._http.transport import error_from_response
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prime_traces import APITimeoutError, TracesClient, UploadError
-from prime_traces._batching import iter_batches
-from prime_traces._compress import compress
-from prime_traces._encode import encode_record
-from prime_traces._read_api import ReadAPI
+from prime_traces._api.reads import ReadAPI
+from prime_traces._lines.encoder import encode_record
+from prime_traces._upload.batching import iter_batches
+from prime_traces._upload.compress import compress
 from prime_traces.report import BatchStatus, LineStatus
 from prime_traces.server import LocalTracesService
 

@@ -9,8 +9,8 @@ import zlib
 import pytest
 import zstandard
 
-from prime_traces import _compress
-from prime_traces._compress import (
+from prime_traces._upload import compress as _compress
+from prime_traces._upload.compress import (
     DEFAULT_ZSTD_LEVEL,
     GZIP_LEVEL,
     ISAL_GZIP_LEVEL,

@@ -15,8 +15,8 @@ from _run_helpers import FLUSH_TIMEOUT_S, KEY, REPO, episodes, get_run, isolated
 from _wire import episode, trace
 
 import prime_runs
-from prime_runs import _encoding
-from prime_runs._console import Console
+from prime_runs._console.console import Console
+from prime_runs._records import lines as _encoding
 from prime_runs.errors import SinkError
 from prime_traces.server import LocalTracesService
 

@@ -120,8 +120,8 @@ def test_a_pipe_gets_plain_progress_lines(tmp_path):
 
 
 def test_the_progress_line_says_what_is_left_to_do_online_and_offline():
-    from prime_runs._console import Console
-    from prime_runs._summary import FinishProgress
+    from prime_runs._console.console import Console
+    from prime_runs._console.summary import FinishProgress
 
     now = [100.0]
     stats = {"queued_records": 3, "queued_bytes": 3_000_000, "in_flight_records": 1, "sinks": {"s": {"bytes_sent": 0}}}

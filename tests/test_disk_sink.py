@@ -15,14 +15,14 @@ import pytest
 from _run_helpers import local_records
 from _wire import episode, jsonl, post_upload, trace
 
-from prime_runs._accounting import Accounting
-from prime_runs._disk_sink import DiskSink
-from prime_runs._encoding import RunStamp
-from prime_runs._queue import SizeMeter
-from prime_runs._segment_reader import scan
-from prime_runs._segments import segment_files
-from prime_runs._sink import Ledger, SinkStatus
-from prime_runs._spool import RecordFiles
+from prime_runs._local.segment_reader import scan
+from prime_runs._local.segments import segment_files
+from prime_runs._local.spool import RecordFiles
+from prime_runs._records.accounting import Accounting
+from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.lines import RunStamp
+from prime_runs._sinks.disk import DiskSink
+from prime_runs._upload.queue import SizeMeter
 from prime_traces.server import LocalTracesService
 
 STAMP = RunStamp("run-9", "eval")

@@ -20,8 +20,8 @@ import pytest
 from _run_helpers import KEY, REPO, episodes, isolated, local_records, online, stored_episodes  # noqa: F401
 
 from prime_runs import cli
-from prime_runs._rundir import RunDirectory
-from prime_runs._worker import ACCOUNTING_GRACE_S
+from prime_runs._local.rundir import RunDirectory
+from prime_runs._upload.worker import ACCOUNTING_GRACE_S
 from prime_traces.server import LocalTracesService
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

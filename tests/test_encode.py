@@ -20,9 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from prime_traces import _chunker, _encode, _sizing
-from prime_traces._batching import LineParts
-from prime_traces._encode import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
+from prime_traces._lines import chunker as _chunker
+from prime_traces._lines import encoder as _encode
+from prime_traces._lines import sizing as _sizing
+from prime_traces._lines.encoder import CHUNK_THRESHOLD_BYTES, RecordEncoder, encode_record
+from prime_traces._lines.parts import LineParts
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from workload import generate_episode
@@ -470,7 +472,7 @@ def test_docstring_example_holds():
 
 
 def test_encode_parts_joins_to_exactly_what_encode_returns():
-    from prime_traces._encode import RecordEncoder
+    from prime_traces._lines.encoder import RecordEncoder
 
     encoder = RecordEncoder(chunk_threshold_bytes=0, piece_bytes=64)
     record = {"id": "r", "nodes": [{"message": {"content": "é" * 300, "n": i}} for i in range(40)]}

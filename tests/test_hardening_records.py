@@ -23,10 +23,10 @@ from _run_helpers import (  # noqa: F401  (isolated: an autouse fixture, used by
 from _run_helpers import episodes as run_episodes
 from _wire import episode, trace
 
-from prime_runs import _encoding
-from prime_runs._encoding import RunStamp
+from prime_runs._records import lines as _encoding
+from prime_runs._records.lines import RunStamp
 from prime_traces import TracesClient
-from prime_traces._encode import encode_record
+from prime_traces._lines.encoder import encode_record
 from prime_traces.encoding import MAX_LINE_BYTES
 
 

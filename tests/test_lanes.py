@@ -7,12 +7,12 @@ from typing import Any
 
 from _run_helpers import KEY, episodes
 
-from prime_runs._encoding import RunStamp
-from prime_runs._lanes import Lane, Lanes
-from prime_runs._queue import Write
-from prime_runs._sink import SinkStatus
-from prime_runs._traces_sink import TracesSink
-from prime_runs._worker import UploadWorker
+from prime_runs._records.ledger import SinkStatus
+from prime_runs._records.lines import RunStamp
+from prime_runs._sinks.traces import TracesSink
+from prime_runs._upload.lanes import Lane, Lanes
+from prime_runs._upload.queue import Write
+from prime_runs._upload.worker import UploadWorker
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 

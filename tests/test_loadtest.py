@@ -13,7 +13,7 @@ import sys
 import pytest
 from _run_helpers import REPO
 
-from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
+from prime_runs._upload.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 sys.path.insert(0, str(REPO / "tools"))
 import _loadtest_floors
@@ -225,7 +225,7 @@ def test_the_paired_encoder_bench_loads_a_committed_encoder_and_times_both_on_ea
     import bench_encode_paired as paired
     import orjson
 
-    from prime_traces import _encode
+    from prime_traces._lines import encoder as _encode
 
     older = paired.encoder_at("HEAD", tmp_path)
     assert older.__file__ != _encode.__file__ and older.encode_record_parts is not _encode.encode_record_parts

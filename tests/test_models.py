@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from prime_traces._models import (
+from prime_traces._api.models import (
     EpisodeDetail,
     RunSummary,
     TraceListPage,

@@ -120,9 +120,14 @@ def test_prime_runs_imports_no_private_module_of_prime_traces():
 def test_the_boundary_check_sees_a_private_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "def f():\n    from prime_traces._transport import Transport\n    from prime_traces import _encode\n"
+        "def f():\n"
+        "    from prime_traces._http.transport import Transport\n"
+        "    from prime_traces._lines import encoder\n"
     )
-    assert {m for _, m in _imports(probe) if _private(m)} >= {"prime_traces._transport", "prime_traces._encode"}
+    assert {m for _, m in _imports(probe) if _private(m)} >= {
+        "prime_traces._http.transport",
+        "prime_traces._lines.encoder",
+    }
 
 
 def test_public_modules_of_prime_traces_are_documented_and_import():
@@ -138,8 +143,8 @@ def test_public_modules_of_prime_traces_are_documented_and_import():
     [
         (prime_traces, "DEFAULT_TARGET_BATCH_BYTES", "prime_traces.client"),
         (prime_traces, "MAX_LINE_BYTES", "prime_traces.encoding"),
-        (prime_traces, "GZIP_LEVEL", "prime_traces._compress"),
-        (prime_runs, "UploadWorker", "prime_runs._worker"),
+        (prime_traces, "GZIP_LEVEL", "prime_traces._upload.compress"),
+        (prime_runs, "UploadWorker", "prime_runs._upload.worker"),
         (prime_runs, "RunStateError", "prime_runs.errors"),
     ],
 )

@@ -15,9 +15,9 @@ import orjson
 import pytest
 from _upload_helpers import DEFAULT_TOKEN, make_episode, make_trace, upload
 
-from prime_traces._models import TraceSummary
-from prime_traces._read_api import DOWNLOAD_CHUNK_BYTES, ReadAPI
-from prime_traces._transport import Transport
+from prime_traces._api.models import TraceSummary
+from prime_traces._api.reads import DOWNLOAD_CHUNK_BYTES, ReadAPI
+from prime_traces._http.transport import Transport
 from prime_traces.config import resolve_config
 from prime_traces.errors import (
     AmbiguousDeleteError,

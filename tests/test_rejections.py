@@ -21,7 +21,7 @@ from test_traces_sink import (
     stored_ids,
 )
 
-from prime_runs._sink import SinkStatus
+from prime_runs._records.ledger import SinkStatus
 from prime_traces import TracesClient, UploadError
 from prime_traces.report import LineStatus
 from prime_traces.server import LocalTracesService
@@ -112,7 +112,7 @@ def _write_bytes(records: list[dict[str, Any]]) -> int:
     """What the write's records weigh as the sink sends them (stamped, one line each)."""
     from test_traces_sink import STAMP
 
-    from prime_runs._encoding import EncodedWrite
+    from prime_runs._records.lines import EncodedWrite
 
     lines = EncodedWrite(records, "episode", STAMP, None, ledger_for(len(records))[1])
     return sum(len(line) + 1 if isinstance(line, bytes) else line.size + 1 for line in lines)

@@ -22,7 +22,7 @@ from prime_traces import (
     UnauthorizedError,
     ValidationRejectedError,
 )
-from prime_traces._retry import (
+from prime_traces._http.retry import (
     MAX_RETRY_AFTER_S,
     backoff_s,
     get_retrying,
@@ -318,9 +318,9 @@ def test_deadline_applies_to_retry_after_too(waits):
 
 def test_each_retry_is_logged_before_sleeping(caplog, waits):
     flaky = Flaky(_busy(), TransportError("connection reset"))
-    with caplog.at_level(logging.INFO, logger="prime_traces._retry"):
+    with caplog.at_level(logging.INFO, logger="prime_traces._http.retry"):
         upload_retrying(sleep=waits.append, rng=FixedRng(1.0))(flaky)
-    messages = [r.getMessage() for r in caplog.records if r.name == "prime_traces._retry"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "prime_traces._http.retry"]
     assert len(messages) == 2
     assert "attempt 1 failed" in messages[0] and "1.00 s" in messages[0]
     assert "connection reset" in messages[1] and "2.00 s" in messages[1]

@@ -278,7 +278,7 @@ def _wait_for_summary(svc: LocalTracesService, run_id: str, timeout_s: float = 2
 
 @pytest.fixture
 def quick_updates(monkeypatch) -> None:
-    monkeypatch.setattr("prime_runs._init.UPDATE_INTERVAL_S", 0.05)
+    monkeypatch.setattr("prime_runs._start.init.UPDATE_INTERVAL_S", 0.05)
 
 
 def test_metrics_are_sent_on_a_timer_while_the_run_goes_on(service, quick_updates):

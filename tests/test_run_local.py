@@ -21,8 +21,8 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     online,
 )
 
-from prime_runs._segment_reader import iter_entry_lines, scan
-from prime_runs._segments import segment_files
+from prime_runs._local.segment_reader import iter_entry_lines, scan
+from prime_runs._local.segments import segment_files
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ from _run_helpers import REPO, isolated, local_records  # noqa: F401
 from _wire import episode, trace
 
 import prime_runs
-from prime_runs._rundir import MAX_RUN_ID_CHARS, RunDirectory, check_run_id, write_json_atomic
+from prime_runs._local.rundir import MAX_RUN_ID_CHARS, RunDirectory, check_run_id, write_json_atomic
 from prime_runs.errors import PrimeRunsError
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,7 +74,7 @@ def test_the_runs_directory_is_the_argument_else_the_environment_else_the_curren
 
 
 def test_an_offline_run_keeps_everything_in_run_json(isolated, monkeypatch):
-    monkeypatch.setattr("prime_runs._init.UPDATE_INTERVAL_S", 0.05)
+    monkeypatch.setattr("prime_runs._start.init.UPDATE_INTERVAL_S", 0.05)
     run = prime_runs.init(
         "kept", kind="eval", config={"lr": 0.1}, tags=["a"], mode="offline", handle_signals=False, dir=isolated
     )
@@ -144,7 +144,7 @@ def test_a_second_process_that_claims_a_live_run_logs_into_it_without_owning_it(
 
 WRITER = """
 import os, sys
-from prime_runs._rundir import write_json_atomic
+from prime_runs._local.rundir import write_json_atomic
 path = sys.argv[1]
 n = 0
 print("ready", flush=True)

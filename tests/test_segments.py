@@ -14,9 +14,9 @@ import orjson
 import pytest
 import zstandard
 
-from prime_runs._segment_reader import iter_entry_lines, scan
-from prime_runs._segments import Frame, SegmentName, SegmentWriter, frames_of, segment_files
-from prime_traces._batching import LineParts
+from prime_runs._local.segment_reader import iter_entry_lines, scan
+from prime_runs._local.segments import Frame, SegmentName, SegmentWriter, frames_of, segment_files
+from prime_traces._lines.parts import LineParts
 
 ZSTDCAT = shutil.which("zstdcat")
 
@@ -232,7 +232,7 @@ def test_the_tail_of_a_file_a_live_writer_holds_is_never_cut(tmp_path):
 def test_a_dead_writers_file_is_repaired_from_another_process(tmp_path):
     code = (
         "import sys, os\n"
-        "from prime_runs._segments import SegmentWriter, Frame\n"
+        "from prime_runs._local.segments import SegmentWriter, Frame\n"
         "w = SegmentWriter(sys.argv[1], 'trace')\n"
         'w.append([Frame([b\'{"id": "a"}\'])])\n'
         "open(w.path, 'ab').write(b'\\x28\\xb5\\x2f\\xfd')\n"

@@ -9,7 +9,7 @@ import pytest
 import requests
 from _wire import ACCEPT_ENCODING, auth, digest_key, jsonl, post_upload, trace
 
-from prime_traces._lines import MAX_ROWS_PER_UPLOAD
+from prime_traces._lines.rules import MAX_ROWS_PER_UPLOAD
 from prime_traces.server import LocalTracesService
 
 SERVICE_UNAVAILABLE_CODES = {

@@ -38,7 +38,7 @@ from _wire import (
     trace,
 )
 
-from prime_traces._lines import (
+from prime_traces._lines.rules import (
     MAX_ENVIRONMENT_ID_CHARS,
     MAX_EPISODE_ID_CHARS,
     MAX_LINE_BYTES,

@@ -17,7 +17,7 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
 )
 
 import prime_runs
-from prime_runs import _switch_interval as switch_interval
+from prime_runs._upload import switch_interval
 
 FLUSH_TIMEOUT_S = 30.0
 FOUND_S = 0.005

@@ -16,10 +16,10 @@ from _wire import trace
 
 import prime_runs
 from prime_runs import cli
-from prime_runs._progress import Progress
-from prime_runs._rundir import RunDirectory
-from prime_runs._segment_reader import iter_entry_lines, scan
-from prime_runs._segments import Frame, SegmentWriter, segment_files
+from prime_runs._console.progress import Progress
+from prime_runs._local.rundir import RunDirectory
+from prime_runs._local.segment_reader import iter_entry_lines, scan
+from prime_runs._local.segments import Frame, SegmentWriter, segment_files
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 
@@ -156,7 +156,7 @@ def test_refused_lines_are_set_aside_and_the_rest_goes_on(isolated, tmp_path, ca
 
 
 def test_an_interrupted_sync_resumes_and_stores_nothing_twice(isolated, service, capsys, monkeypatch):
-    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)  # many batches
+    monkeypatch.setattr("prime_runs._local.sync_file.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)  # many batches
     run = offline(isolated / "runs")
     ids = log_steps(run, 6, 10)
     run.finish()
@@ -384,7 +384,7 @@ def test_a_refused_batch_followed_by_batches_that_commit_loses_none_of_its_lines
     isolated, tmp_path, capsys, monkeypatch, omit_line
 ):
     # Eight batches in flight: those after the refused one commit before it is settled.
-    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    monkeypatch.setattr("prime_runs._local.sync_file.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
     run = offline(isolated / "runs")
     records = episodes("e", 200, poisoned=(40,))
     run.log_episodes(records)
@@ -401,7 +401,7 @@ def test_a_refused_batch_followed_by_batches_that_commit_loses_none_of_its_lines
 
 
 def test_a_batch_that_fails_while_later_ones_commit_is_sent_by_the_next_sync(isolated, service, capsys, monkeypatch):
-    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    monkeypatch.setattr("prime_runs._local.sync_file.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
     run = offline(isolated / "runs")
     records = episodes("e", 200)
     run.log_episodes(records)
@@ -425,7 +425,7 @@ def test_a_batch_that_fails_while_later_ones_commit_is_sent_by_the_next_sync(iso
 
 
 def test_an_entry_that_no_longer_decodes_loses_only_its_own_lines(isolated, service, capsys, monkeypatch):
-    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    monkeypatch.setattr("prime_runs._local.sync_file.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
     run_dir = isolated / "runs" / "run-x"
     writer = SegmentWriter(str(run_dir), "episode")
     writer.append([Frame([orjson.dumps(r) for r in episodes(p, n)]) for p, n in (("a", 50), ("b", 5), ("c", 5))])
@@ -458,7 +458,7 @@ def test_a_batch_stored_while_its_answers_failed_is_sent_again_as_the_same_uploa
 ):
     import prime_traces.server._upload as upload
 
-    monkeypatch.setattr("prime_runs._sync.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
+    monkeypatch.setattr("prime_runs._local.sync_file.DEFAULT_TARGET_BATCH_BYTES", 16 * 1024)
     run = offline(isolated / "runs")
     records = []
     for i in range(300):
@@ -489,7 +489,7 @@ def test_a_batch_stored_while_its_answers_failed_is_sent_again_as_the_same_uploa
 
 
 def test_a_sync_of_only_some_files_uploads_their_records_and_leaves_the_run_alone(isolated, service):
-    from prime_runs._sync_run import sync_run
+    from prime_runs._local.sync_run import sync_run
 
     run = offline(isolated / "runs")
     records = episodes("e", 12)

@@ -15,11 +15,11 @@ import orjson
 import pytest
 from _wire import episode, trace
 
-from prime_runs._accounting import Accounting
-from prime_runs._encoding import RunStamp
-from prime_runs._sink import Ledger, SinkStatus
-from prime_runs._size_meter import SizeMeter
-from prime_runs._traces_sink import TracesSink
+from prime_runs._records.accounting import Accounting
+from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.lines import RunStamp
+from prime_runs._records.size_meter import SizeMeter
+from prime_runs._sinks.traces import TracesSink
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 

@@ -15,8 +15,8 @@ import requests
 import urllib3
 from _fork import in_child
 
-from prime_traces._retry import upload_retrying
-from prime_traces._transport import Transport
+from prime_traces._http.retry import upload_retrying
+from prime_traces._http.transport import Transport
 from prime_traces.config import ClientConfig, api_url, resolve_config
 from prime_traces.errors import TransportError
 

@@ -12,13 +12,13 @@ import pytest
 from _run_helpers import MARKER, episodes, stored_episodes
 
 import prime_runs
-from prime_runs._delivery import DEADLINE, SINK_RETIRED
-from prime_runs._encoding import RunStamp
-from prime_runs._queue import TAKE_WRITES_PER_HOLD, RecordQueue, write_cap_bytes
-from prime_runs._sink import Ledger, SinkStatus
-from prime_runs._size_meter import SizeMeter
-from prime_runs._traces_sink import TracesSink
-from prime_runs._worker import DEFAULT_WRITE_CAP_BYTES, WORKER_ERROR, UploadWorker
+from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.lines import RunStamp
+from prime_runs._records.size_meter import SizeMeter
+from prime_runs._sinks.traces import TracesSink
+from prime_runs._upload.delivery import DEADLINE, SINK_RETIRED
+from prime_runs._upload.queue import TAKE_WRITES_PER_HOLD, RecordQueue, write_cap_bytes
+from prime_runs._upload.worker import DEFAULT_WRITE_CAP_BYTES, WORKER_ERROR, UploadWorker
 from prime_runs.errors import SinkError
 from prime_traces import TracesClient
 

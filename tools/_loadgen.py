@@ -5,7 +5,7 @@ median of 6.4 MB and a p90 of 17 MB (mean about 8.5 MB, p99 about 37 MB),
 capped at 60 MB, all multiplied by ``scale`` to fit a small machine. An
 episode is an envelope around member traces that are shallow copies of a
 few realistic templates (``tools/loadtest.py`` makes them with
-``prime_runs._workload``): each member has its own ``id``, and shares its
+``prime_runs.cli.workload``): each member has its own ``id``, and shares its
 messages, calls and token arrays with every other copy. So an episode of
 60 MB costs the producer a few kilobytes of its own memory, while every SDK
 still encodes, compresses and uploads all 60 MB of it.

@@ -47,7 +47,7 @@ from typing import Any
 
 from _loadtest_probes import probe_lag, quantile
 
-from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
+from prime_runs._upload.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 _SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 

@@ -22,7 +22,7 @@ import orjson
 import requests
 import zstandard
 
-from prime_traces._sizing import check_numbers
+from prime_traces._lines.sizing import check_numbers
 from prime_traces.encoding import encode_record_parts
 from prime_traces.server._ingest import count_records
 from prime_traces.server._upload import _check_utf8 as check_utf8

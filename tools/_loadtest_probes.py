@@ -73,7 +73,7 @@ class UploadThreadCpu:
     Linux only, in clock ticks. Read every ``interval_s``: one small read,
     which releases the GIL (each read disturbs what is measured, so only
     this thread's). Every thread of that name counts: the worker's, and each
-    write's own (``prime_runs._lanes``). A thread that ends loses its time
+    write's own (``prime_runs._upload.lanes``). A thread that ends loses its time
     since its last reading: at most one interval per write, and the
     worker's at ``finish()``. The main thread measures itself
     (``time.thread_time``); the rest of the process is the request threads

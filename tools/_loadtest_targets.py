@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prime_runs._switch_interval import DEFAULT_SWITCH_INTERVAL_S
+from prime_runs._upload.switch_interval import DEFAULT_SWITCH_INTERVAL_S
 
 Rows = list[dict[str, Any]]
 Ceiling = dict[str, float]  # the machine's ceiling and its pauses, measured before the scenarios

@@ -6,7 +6,7 @@ compresses it with gzip and zstd at several levels and prints a markdown
 table: CPU seconds per MiB of input (process time, single thread), output
 size, and the CPU to decompress. It ends with the lowest zstd level whose
 output is no larger than gzip-1, and that level's CPU as a ratio to gzip-1,
-which is how ``prime_traces._compress.DEFAULT_ZSTD_LEVEL`` is chosen.
+which is how ``prime_traces._upload.compress.DEFAULT_ZSTD_LEVEL`` is chosen.
 
     python tools/bench_compress.py --mib 30 --repeat 3
 """

@@ -1,7 +1,7 @@
 """Measure what chunked record encoding costs and what it buys.
 
 For episodes of several sizes from ``tools/workload.py``, compares one
-``orjson.dumps`` call with ``prime_traces._encode.encode_record_parts`` (chunked
+``orjson.dumps`` call with ``prime_traces._lines.encoder.encode_record_parts`` (chunked
 above ``CHUNK_THRESHOLD_BYTES``; the pieces go to the batcher unjoined, as on
 the upload path, where either result is copied once into the batch body) on
 two counts, and prints a markdown table:
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workload import generate_episode
 
-from prime_traces._encode import encode_record, encode_record_parts
+from prime_traces._lines.encoder import encode_record, encode_record_parts
 
 _PROBE_INTERVAL_S = 0.001
 _NOW = 1_750_000_000.0

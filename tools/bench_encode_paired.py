@@ -4,8 +4,9 @@ A change to the encoder moves its CPU by a few percent, less than this
 machine's noise between two runs. So both versions encode the same records
 here, in one process: each record through each encoder in turn (the order
 rotating from record to record), timed with the thread's CPU clock, for
-``--passes`` passes. The older version is ``prime_traces/_encode.py``,
-``_chunker.py`` (where it exists) and ``_sizing.py`` as committed at
+``--passes`` passes. The older version is the encoder, its chunker (where it
+exists) and its sizing (``prime_traces/_lines/``, or earlier ``prime_traces/_encode.py``
+and its neighbours) as committed at
 ``--against``, loaded as modules of their own beside the working tree's. One ``orjson.dumps`` runs beside them
 as a yardstick. It prints, per set of records, each encoder's CPU per MB and
 its ratio to the older version: the mean over the passes and their range.
@@ -41,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _loadgen import production_sizes
 from loadtest import make_templates
 
-from prime_runs._workload import generate_episode
-from prime_traces import _encode
+from prime_runs.cli.workload import generate_episode
+from prime_traces._lines import encoder as _encode
 
 ROOT = Path(__file__).resolve().parents[1]
 _NOW = 1_750_000_000.0
@@ -51,31 +52,51 @@ _RUN_SWITCH_INTERVAL_S = 0.0005  # as while a run uploads: the encoder yields wi
 Encode = Callable[[Any, int], object]
 
 
+# Where the encoder's modules are, newest layout first; in import order (no chunker in older revisions).
+LAYOUTS = (
+    {
+        "sizing": "prime_traces._lines.sizing",
+        "chunker": "prime_traces._lines.chunker",
+        "encoder": "prime_traces._lines.encoder",
+    },
+    {"sizing": "prime_traces._sizing", "chunker": "prime_traces._chunker", "encoder": "prime_traces._encode"},
+)
+# What an older encoder imports from modules that have moved since: where it is now.
+MOVED = {"prime_traces._batching": "prime_traces._lines.parts", "prime_traces._locate": "prime_traces._lines.locate"}
+
+
+def _source_at(revision: str, module: str) -> str | None:
+    path = module.replace(".", "/") + ".py"
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True)
+    return shown.stdout if shown.returncode == 0 else None
+
+
 def encoder_at(revision: str, directory: Path) -> ModuleType:
     """The encoder module as committed at ``revision``, importing the encoder's other modules of that revision."""
-    names = ("_sizing", "_chunker", "_encode")  # in import order; _chunker is not in older revisions
-    for name in names:
-        shown = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{revision}:prime_traces/{name}.py"], capture_output=True, text=True
-        )
-        if shown.returncode != 0:
-            if name == "_chunker":
+    layout = next((layout for layout in LAYOUTS if _source_at(revision, layout["encoder"]) is not None), None)
+    if layout is None:
+        raise SystemExit(f"no encoder found at {revision}")
+    for name, module in layout.items():
+        source = _source_at(revision, module)
+        if source is None:
+            if name == "chunker":
                 continue
-            raise SystemExit(f"git show {revision}:prime_traces/{name}.py failed: {shown.stderr.strip()}")
-        source = shown.stdout
-        for other in names:
-            source = source.replace(f"from prime_traces.{other} import", f"from older{other} import")
-        (directory / f"older{name}.py").write_text(source)
+            raise SystemExit(f"git show {revision}: {module} failed")
+        for other, other_module in layout.items():
+            source = source.replace(f"from {other_module} import", f"from older_{other} import")
+        for moved, now in MOVED.items():
+            source = source.replace(f"from {moved} import", f"from {now} import")
+        (directory / f"older_{name}.py").write_text(source)
     sys.path.insert(0, str(directory))
     try:
-        spec = importlib.util.spec_from_file_location("older_encode", directory / "older_encode.py")
+        spec = importlib.util.spec_from_file_location("older_encoder", directory / "older_encoder.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(directory))
-        for name in names:  # the module keeps its own references
-            sys.modules.pop(f"older{name}", None)
+        for name in layout:  # the module keeps its own references
+            sys.modules.pop(f"older_{name}", None)
     return module
 
 

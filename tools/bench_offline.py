@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--episode-kb", type=int, default=1000)
     args = parser.parse_args()
     import prime_runs
-    from prime_runs._workload import generate_episode
+    from prime_runs.cli.workload import generate_episode
 
     rng = random.Random(0)
     now = time.time()

@@ -42,10 +42,10 @@ import venv
 from dataclasses import dataclass
 from pathlib import Path
 
-import prime_traces._compress as compress_module
-import prime_traces._sender as sender_module
+import prime_traces._upload.compress as compress_module
+import prime_traces._upload.sender as sender_module
 from prime_traces import TracesClient
-from prime_traces._batching import iter_batches
+from prime_traces._upload.batching import iter_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loadtest_parts import Service

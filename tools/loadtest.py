@@ -44,7 +44,7 @@ from _loadtest_floors import measure_call_floor, measure_lag_floor, measure_paus
 from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
 from _loadtest_targets import slowest_call, verdicts
 
-from prime_runs._workload import generate_episode
+from prime_runs.cli.workload import generate_episode
 
 FINISH_BUDGET_S = 60.0
 PRODUCER_TIMEOUT_S = 3600.0
@@ -281,7 +281,7 @@ COLUMNS: list[tuple[str, Any]] = [
 
 
 def _gzip_deflater() -> str:
-    from prime_traces import _compress
+    from prime_traces._upload import compress as _compress
 
     if _compress._isal_zlib is not None:
         return "ISA-L's level 1 (the `isal` package is installed)"

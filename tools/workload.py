@@ -1,4 +1,4 @@
-"""The benchmark workload: a re-export of ``prime_runs._workload`` for tools/ scripts.
+"""The benchmark workload: a re-export of ``prime_runs.cli.workload`` for tools/ scripts.
 
     sys.path.insert(0, "tools")
     from workload import generate_episode, iter_episodes, encoded_lines
@@ -12,7 +12,7 @@ import time
 
 import orjson
 
-from prime_runs._workload import (  # noqa: F401  (re-exported)
+from prime_runs.cli.workload import (  # noqa: F401  (re-exported)
     DEFAULT_RUN_ID,
     DEFAULT_TARGET_BYTES,
     SIZE_TOLERANCE,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from prime_traces._lines import (
+from prime_traces._lines.rules import (
     MAX_ROWS_PER_UPLOAD,
     LineError,
     LineFacts,

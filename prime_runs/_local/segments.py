@@ -1,0 +1,312 @@
+"""Segment files: records on local disk as zstd frames of whole JSONL lines.
+
+A segment is written by one process only (its name carries the host and the
+pid, and it is created exclusively), as a sequence of entries::
+
+    [skippable frame: {"lines": n, "bytes": raw, "zbytes": z, "batch": true?}] [zstd frame: n lines]
+
+Each entry is written whole and each call of :meth:`SegmentWriter.append` is
+fsynced before it returns, so ``zstdcat`` reads the lines of any segment (it
+skips the metadata) and a crash can tear only the last entry of a file. The
+metadata lets a reader count and skip lines without decompressing, and marks
+a ``batch``: lines that once went to the service as one upload of unknown
+fate, to be sent again exactly as they were so that the service replays
+instead of storing them twice.
+
+The writer holds an exclusive ``flock`` on the file it appends to, released
+by the kernel however the process ends: reading and repairing
+(:mod:`prime_runs._local.segment_reader`) cut a torn tail only off files no live
+process holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import socket
+import struct
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import orjson
+import zstandard
+
+from prime_traces.encoding import LineParts
+from prime_traces.threads import call_in_forked_child
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; a live writer's tail is never repaired there
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = ".jsonl.zst"
+#: Kinds of segment: records to upload (by line format), and records set aside.
+DATA_KINDS = ("episode", "trace")
+REJECTED = "rejected"
+#: A run's metrics history rows (``{step, time, metrics}``), kept offline or when the service did not take them.
+METRICS = "metrics"
+#: A segment rolls over to the next file once it is this large.
+DEFAULT_MAX_SEGMENT_BYTES = 128 * 1024**2
+#: Lines are cut into frames of about this many uncompressed bytes (a batch entry is never cut).
+MAX_FRAME_BYTES = 16 * 1024**2
+ZSTD_LEVEL = 1
+
+META_MAGIC = 0x184D2A5E  # a zstd skippable frame: decoders pass over it
+SKIPPABLE = range(0x184D2A50, 0x184D2A60)
+ZSTD_MAGIC = 0xFD2FB528
+FRAME_HEADER = struct.Struct("<II")
+MAX_META_BYTES = 4096
+_NAME_RE = re.compile(r"^(?P<kind>[a-z]+)-(?P<host>.+)-(?P<pid>\d+)-(?P<seq>\d{6,})" + re.escape(SUFFIX) + "$")
+_HOST_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def host_label() -> str:
+    """This machine's name, safe inside a file name."""
+    return _HOST_UNSAFE.sub("_", socket.gethostname() or "host")[:64] or "host"
+
+
+@dataclass(frozen=True)
+class SegmentName:
+    """``<kind>-<host>-<pid>-<seq>.jsonl.zst``."""
+
+    kind: str
+    host: str
+    pid: int
+    seq: int
+
+    @classmethod
+    def parse(cls, filename: str) -> SegmentName | None:
+        match = _NAME_RE.match(filename)
+        if match is None:
+            return None
+        return cls(match["kind"], match["host"], int(match["pid"]), int(match["seq"]))
+
+    def __str__(self) -> str:
+        return f"{self.kind}-{self.host}-{self.pid}-{self.seq:06d}{SUFFIX}"
+
+
+def segment_files(directory: str, kinds: Iterable[str]) -> list[str]:
+    """Paths of the segments of ``kinds`` in ``directory``, in name order (missing directory: none)."""
+    wanted = set(kinds)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found = [(n, SegmentName.parse(n)) for n in names]
+    return sorted(os.path.join(directory, n) for n, parsed in found if parsed is not None and parsed.kind in wanted)
+
+
+@dataclass
+class Frame:
+    """Lines to write as one entry; ``batch`` marks lines that must travel as one upload."""
+
+    lines: list[bytes | LineParts]
+    batch: bool = False
+
+
+class SegmentWriter:
+    """Appends entries to this process's segments of one kind; thread-safe.
+
+    Files are created exclusively and lazily, on the first :meth:`append`, so
+    a writer that never writes leaves nothing behind. :meth:`append` returns
+    once the data is fsynced. A forked child drops the parent's file (without
+    unlocking it) and starts files of its own.
+
+    Usage::
+
+        writer = SegmentWriter("runs/run-1", "episode")
+        writer.append([Frame([b'{"id": "e1", ...}'])])
+        writer.close()
+    """
+
+    def __init__(self, directory: str, kind: str, *, max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES) -> None:
+        if max_segment_bytes < 1:
+            raise ValueError(f"max_segment_bytes must be greater than 0, not {max_segment_bytes}")
+        self.directory = directory
+        self.kind = kind
+        self.max_segment_bytes = max_segment_bytes
+        self._reset()
+        call_in_forked_child(self._reset)
+
+    def _reset(self) -> None:
+        # After fork: the parent's descriptor is closed, never unlocked (the lock is
+        # the parent's too), and the child's files get its own pid.
+        fd = getattr(self, "_fd", None)
+        if fd is not None and getattr(self, "_pid", None) != os.getpid():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = os.getpid()
+        self._path: str | None = None
+        self._size = 0
+        self._next_seq = 1
+        self._close_requested = False
+        self._opened = 0  # files opened so far: tells whether an append moved to a new file
+        #: Every file this writer created (in this process), in order.
+        self.created: list[str] = []
+        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
+
+    @property
+    def path(self) -> str | None:
+        """The file being appended to, if any."""
+        return self._path
+
+    def append(self, frames: Iterable[Frame]) -> int:
+        """Write ``frames`` and fsync; returns the bytes written.
+
+        Raises ``OSError`` with ``durable_frames``: how many of the frames were
+        already fsynced into an earlier file (a rollover); the rest was cut off
+        again, and the file is never appended to again.
+        """
+        written = frames_done = durable = 0
+        with self._lock:
+            start: tuple[int, int] | None = None
+            try:
+                for frame in frames:
+                    if not frame.lines:
+                        continue
+                    entry = encode_entry(self._compressor, frame)
+                    size = len(entry[0]) + len(entry[1])
+                    if self._fd is not None and self._size and self._size + size > self.max_segment_bytes:
+                        os.fsync(self._fd)  # rolling over: every frame before this one is on disk
+                        durable = frames_done
+                        self._close_file()
+                    if self._fd is None:
+                        self._open_next()
+                    assert self._fd is not None
+                    fd = self._fd
+                    if start is None or start[0] != self._opened:
+                        start = (self._opened, self._size)
+                    _write_all(fd, entry)
+                    self._size += len(entry[0]) + len(entry[1])
+                    written += len(entry[0]) + len(entry[1])
+                    frames_done += 1
+                if written and self._fd is not None:
+                    os.fsync(self._fd)
+            except BaseException as err:
+                if start is not None and start[0] == self._opened and self._fd is not None:
+                    self._cut_back(start[1])  # the file ends on a whole entry
+                # Never appended to again: a live sync may have counted the lines cut off.
+                self._close_file()
+                with contextlib.suppress(AttributeError):
+                    err.durable_frames = durable  # type: ignore[attr-defined]
+                raise
+            finally:
+                if self._close_requested:
+                    self._close_requested = False
+                    self._close_file()
+        return written
+
+    def _cut_back(self, size: int) -> None:
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, size)
+            self._size = size
+        except OSError as err:
+            logger.warning("could not cut %s back to %d bytes after a failed write: %s", self._path, size, err)
+            self._close_file()  # the next write starts a fresh file; recovery cuts this tail
+
+    def _open_next(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        host, pid = host_label(), os.getpid()
+        while True:
+            path = os.path.join(self.directory, str(SegmentName(self.kind, host, pid, self._next_seq)))
+            self._next_seq += 1
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            except FileExistsError:
+                continue  # an earlier process with this pid (a reused pid) left it: never append to it
+            break
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process closes it or dies
+            fsync_directory(self.directory)  # the new name must survive a crash too
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._path, self._size = fd, path, 0
+        self._opened += 1
+        self.created.append(path)
+
+    def _close_file(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._path, self._size = None, None, 0
+
+    def close(self) -> None:
+        """Close the current file (the next append starts a new one); never waits for an append."""
+        # Asked first, so an append ending meanwhile still sees it (a hung disk must not hold finish()).
+        self._close_requested = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close_requested = False
+                self._close_file()
+            finally:
+                self._lock.release()
+
+
+def encode_entry(compressor: zstandard.ZstdCompressor, frame: Frame) -> tuple[bytes, bytes]:
+    """The metadata frame and the zstd frame of ``frame``'s lines."""
+    raw = sum(len(line) if isinstance(line, (bytes, bytearray)) else line.size for line in frame.lines)
+    raw += len(frame.lines)
+    stream = compressor.compressobj(size=raw)
+    chunks = []
+    for line in frame.lines:
+        for part in (line,) if isinstance(line, (bytes, bytearray)) else line:
+            chunks.append(stream.compress(part))
+        chunks.append(stream.compress(b"\n"))
+    chunks.append(stream.flush())
+    data = b"".join(chunks)
+    meta: dict[str, object] = {"lines": len(frame.lines), "bytes": raw, "zbytes": len(data)}
+    if frame.batch:
+        meta["batch"] = True
+    payload = orjson.dumps(meta)
+    return FRAME_HEADER.pack(META_MAGIC, len(payload)) + payload, data
+
+
+def frames_of(lines: Iterable[bytes | LineParts], max_frame_bytes: int = MAX_FRAME_BYTES) -> Iterator[Frame]:
+    """Cut a stream of lines into frames of about ``max_frame_bytes`` (never splitting a line)."""
+    pending: list[bytes | LineParts] = []
+    size = 0
+    for line in lines:
+        pending.append(line)
+        size += (len(line) if isinstance(line, (bytes, bytearray)) else line.size) + 1
+        if size >= max_frame_bytes:
+            yield Frame(pending)
+            pending, size = [], 0
+    if pending:
+        yield Frame(pending)
+
+
+def _write_all(fd: int, buffers: tuple[bytes, ...]) -> None:
+    views = [memoryview(b) for b in buffers if b]
+    while views:
+        done = os.writev(fd, views) if hasattr(os, "writev") else os.write(fd, views[0])  # (Windows has no writev)
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if views and done:
+            views[0] = views[0][done:]
+
+
+def fsync_directory(directory: str) -> None:
+    """Make a directory's entries (a new or renamed file) durable; a no-op where unsupported."""
+    if not hasattr(os, "O_DIRECTORY"):  # Windows cannot open a directory; NTFS journals names
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno != errno.EINVAL:  # some filesystems cannot fsync a directory
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,342 @@
+"""``prime-runs sync``: upload what a run directory holds, exactly once, resumable at any point.
+
+Each segment is uploaded in line order with the client's deterministic
+batching. What has been uploaded is recorded in ``sync.json`` (atomically)
+as each batch commits, as the number of leading lines ``done``. The batches a
+sync sends are a function of the file and of that record alone (``done``,
+the lines set aside, and the points where a batch must end), and the record
+is written before anything that depends on it is sent. So a sync that is
+interrupted anywhere and run again sends the very same batches: the service
+replays those it had stored, and nothing is stored twice. ``horizon`` fixes
+where a pass ends while a live writer is still appending to the file.
+
+A batch must also end at both sides of a ``batch`` entry (records that went
+out as one upload whose answer never came): that entry is sent alone, as the
+same bytes, so the service replays it if it had stored it.
+
+A line the service refuses for its own fault is set aside in the sync's
+``rejected-*.jsonl.zst`` and skipped; a refused batch without a named line is
+split in two until the line is found.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from prime_runs._local.segment_reader import Entry, Scan, iter_entry_lines
+from prime_runs._local.segments import Frame, SegmentName, SegmentWriter
+from prime_runs._local.spool import rejected_entry
+from prime_runs._records.faults import RECORD, SIZE_CODES, TRANSIENT, describe, fault_of, rejection_reason
+from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
+from prime_traces.errors import TraceTooLargeError, UploadError
+
+logger = logging.getLogger(__name__)
+
+#: Progress callback: (records, uncompressed bytes) just uploaded.
+OnProgress = Callable[[int, int], Any]
+
+
+class SyncStopped(Exception):
+    """The run cannot go on now: the service is down, or refuses the uploads."""
+
+
+Span = tuple[int, int]  # lines [start, end)
+
+
+@dataclass
+class FileProgress:
+    """What ``sync.json`` records of one segment.
+
+    ``done``: the leading lines uploaded or set aside. ``horizon``: where the
+    current pass ends. ``excluded``: lines set aside (refused). ``cuts``: where
+    a batch must end. ``uploaded``: spans past ``done`` that were stored out of
+    order (a batch before them failed). ``unreadable``: spans of entries that
+    do not decode.
+    """
+
+    done: int = 0
+    horizon: int | None = None
+    excluded: set[int] = field(default_factory=set)
+    cuts: set[int] = field(default_factory=set)
+    uploaded: list[Span] = field(default_factory=list)
+    unreadable: list[Span] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, raw: Any) -> FileProgress:
+        if not isinstance(raw, dict):
+            return cls()
+        horizon = raw.get("horizon")
+        return cls(
+            int(raw.get("done", 0)),
+            int(horizon) if isinstance(horizon, int) else None,
+            {int(n) for n in raw.get("excluded", [])},
+            {int(n) for n in raw.get("cuts", [])},
+            [(int(a), int(b)) for a, b in raw.get("uploaded", [])],
+            [(int(a), int(b)) for a, b in raw.get("unreadable", [])],
+        )
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "done": self.done,
+            "horizon": self.horizon,
+            "excluded": sorted(self.excluded),
+            "cuts": sorted(self.cuts),
+            "uploaded": sorted(self.uploaded),
+            "unreadable": sorted(self.unreadable),
+        }
+
+    def skip_test(self) -> Callable[[int], bool]:
+        """A test of whether a line is never to be sent (again), fixed at the time of the call."""
+        spans = _merged([*self.uploaded, *self.unreadable])
+        starts = [a for a, _ in spans]
+        excluded = frozenset(self.excluded)
+
+        def skipped(number: int) -> bool:
+            at = bisect.bisect_right(starts, number) - 1
+            return number in excluded or (at >= 0 and number < spans[at][1])
+
+        return skipped
+
+    def advance(self, done: int) -> None:
+        self.done = max(self.done, done)
+        self.excluded = {n for n in self.excluded if n >= self.done}
+        self.cuts = {n for n in self.cuts if n > self.done}
+        self.uploaded = [(a, b) for a, b in self.uploaded if b > self.done]
+
+    def not_sent(self, total: int) -> int:
+        """Lines from ``done`` to ``total`` that a sync would still send."""
+        spans = _merged([*self.uploaded, *self.unreadable])
+        starts = [a for a, _ in spans]
+        skipped = sum(max(0, min(b, total) - max(a, self.done)) for a, b in spans)
+        for n in self.excluded:
+            at = bisect.bisect_right(starts, n) - 1
+            if self.done <= n < total and not (at >= 0 and n < spans[at][1]):
+                skipped += 1
+        return max(0, total - self.done - skipped)
+
+    def unreadable_lines(self) -> int:
+        return sum(b - a for a, b in _merged(self.unreadable))
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+@dataclass
+class FileOutcome:
+    uploaded: int = 0
+    uploaded_bytes: int = 0
+    rejected: int = 0
+
+
+def pending(found: Scan, progress: FileProgress) -> tuple[int, int]:
+    """Records of a segment not uploaded yet (unreadable ones excluded), and (about) their uncompressed bytes."""
+    records = progress.not_sent(found.lines)
+    size = first = 0
+    for entry in found.entries:
+        if first + entry.lines > progress.done:
+            size += entry.raw_bytes
+        first += entry.lines
+    return records, size if records else 0
+
+
+class FileSync:
+    """Uploads one segment from where the last sync left it."""
+
+    def __init__(
+        self,
+        client: TracesClient,
+        path: str,
+        scan: Scan,
+        progress: FileProgress,
+        *,
+        context: dict[str, str],
+        save: Callable[[], None],
+        rejected: SegmentWriter,
+        on_progress: OnProgress | None = None,
+    ) -> None:
+        name = SegmentName.parse(os.path.basename(path))
+        assert name is not None
+        self.client = client
+        self.path = path
+        self.line_format = name.kind
+        self.scan = scan
+        self.p = progress
+        self.context = context
+        self.save = save
+        self.rejected_writer = rejected
+        self.on_progress = on_progress
+        self.outcome = FileOutcome()
+        self.total = scan.lines
+        self._starts: list[int] = []
+        first = 0
+        for entry in scan.entries:
+            self._starts.append(first)
+            first += entry.lines
+        self._index = {id(entry): i for i, entry in enumerate(scan.entries)}
+        self._batches = [i for i, entry in enumerate(scan.entries) if entry.batch]
+
+    def left(self) -> tuple[int, int]:
+        """Records and (about) uncompressed bytes not uploaded yet."""
+        return pending(self.scan, self.p)
+
+    def run(self) -> None:
+        """Upload up to the end of the file's whole entries; raises :class:`SyncStopped`."""
+        if self.p.done > self.total:
+            # A writer cut a failed write back off after a sync had read it; it never appends there again.
+            logger.warning(
+                "%s now ends at line %d, before the %d lines uploaded from it: a failed write was cut off it",
+                self.path,
+                self.total,
+                self.p.done,
+            )
+            self.p.done = self.p.horizon = self.total
+            self.save()
+        while self.p.done < self.total:
+            if self.p.horizon is None or self.p.horizon <= self.p.done:
+                self.p.horizon = self.total
+                self.save()  # before any batch that depends on it
+            start = self.p.done
+            end, unit = self._next_cut(start)
+            self._upload(start, end, unit)
+
+    def _next_cut(self, start: int) -> tuple[int, Entry | None]:
+        assert self.p.horizon is not None
+        cuts = {self.p.horizon, *(c for c in self.p.cuts if c > start)}
+        for i in self._batches:
+            entry, first = self.scan.entries[i], self._starts[i]
+            if first == start:
+                return min(cuts | {first + entry.lines}), entry
+            if first > start:
+                cuts.add(first)
+                break
+        return min(cuts), None
+
+    def _entries_between(self, start: int, end: int) -> list[int]:
+        """Indexes of the entries holding lines ``start`` to ``end``."""
+        first = max(0, bisect.bisect_right(self._starts, start) - 1)
+        last = bisect.bisect_left(self._starts, end)
+        return list(range(first, last))
+
+    def _lines(self, start: int, end: int, numbers: list[int]) -> Iterator[bytes]:
+        wanted = [self.scan.entries[i] for i in self._entries_between(start, end)]
+        skipped = self.p.skip_test()  # spans added while this runs are of lines already sent
+        for entry, lines in iter_entry_lines(self.path, wanted, on_corrupt=self._unreadable):
+            first = self._starts[self._index[id(entry)]]
+            for offset, line in enumerate(lines):
+                number = first + offset
+                if start <= number < end and not skipped(number):
+                    numbers.append(number)
+                    yield line
+
+    def _unreadable(self, entry: Entry, problem: str) -> None:
+        # The disk changed an entry: it is the same every time, so passing over it keeps batches deterministic.
+        first = self._starts[self._index[id(entry)]]
+        if (first, first + entry.lines) in self.p.unreadable:
+            return
+        self.p.unreadable.append((first, first + entry.lines))
+        logger.error("%s: %s; its %d lines cannot be read and are not uploaded", self.path, problem, entry.lines)
+
+    def _upload(self, start: int, end: int, unit: Entry | None) -> None:
+        numbers: list[int] = []
+        target = DEFAULT_TARGET_BATCH_BYTES
+        if unit is not None:  # sent alone, as the one upload it was
+            target = min(MAX_BATCH_BYTES, max(target, unit.raw_bytes))
+
+        expected = [0]  # the first input line of the next batch, while no batch before it failed
+
+        def on_batch(batch: Any, _receipt: Any) -> None:
+            last = batch.line_indexes[-1]
+            if batch.first_line == expected[0]:
+                expected[0] = last + 1
+                self.p.advance(numbers[last] + 1)
+            else:  # stored, but a batch before it was not: ``done`` stays behind that one
+                first = numbers[batch.first_line]
+                self.p.uploaded.append((first, numbers[last] + 1))
+                # The batches before it must end where they did, or the one that failed (and may
+                # be stored) would be sent with other lines, as a new upload.
+                self.p.cuts.add(first)
+            self.outcome.uploaded += batch.line_count
+            self.outcome.uploaded_bytes += batch.size_bytes
+            self.save()
+            if self.on_progress is not None:
+                self.on_progress(batch.line_count, batch.size_bytes)
+
+        try:
+            self.client.upload_lines(
+                self._lines(start, end, numbers),
+                line_format=self.line_format,
+                context=self.context,
+                target_batch_bytes=target,
+                on_batch=on_batch,
+            )
+        except TraceTooLargeError as err:
+            self._set_aside(numbers[err.line_index], "rejected:trace_too_large", str(err))
+            return
+        except UploadError as err:
+            self._settle(err, numbers)
+            return
+        self.p.advance(end)
+        self.save()
+
+    def _settle(self, err: UploadError, numbers: list[int]) -> None:
+        if isinstance(err.error, TraceTooLargeError):
+            self._set_aside(numbers[err.error.line_index], "rejected:trace_too_large", str(err.error))
+            return
+        failed = err.report.first_failure
+        if failed is None:
+            raise SyncStopped(f"{self.path}: {err}")
+        fault = fault_of(failed)
+        if fault == TRANSIENT:
+            raise SyncStopped(f"could not upload {self.path}: {failed.error}")
+        if fault != RECORD:
+            raise SyncStopped(f"the service refused {self.path}: {describe(failed)}")
+        batch = [numbers[j] for j in failed.line_indexes]
+        if failed.rejected_line is not None and failed.code not in SIZE_CODES:
+            self._set_aside(numbers[failed.rejected_line], rejection_reason(failed), describe(failed))
+        elif len(batch) == 1:
+            self._set_aside(batch[0], rejection_reason(failed), describe(failed))
+        else:  # no line named: split the batch until the line is found
+            self.p.cuts.add(batch[len(batch) // 2])
+            self.save()
+
+    def _set_aside(self, number: int, reason: str, message: str) -> None:
+        line = self._line_at(number)
+        try:
+            record_id = orjson.loads(line).get("id")
+            record_json = line
+        except (orjson.JSONDecodeError, AttributeError):
+            record_id, record_json = None, orjson.dumps(line.decode("utf-8", "replace"))
+        entry = rejected_entry(
+            record_json, record_id if isinstance(record_id, str) else None, self.line_format, reason, message
+        )
+        self.rejected_writer.append([Frame([entry])])
+        self.p.excluded.add(number)
+        self.outcome.rejected += 1
+        self.save()
+        logger.warning(
+            "%s line %d (%s) refused: %s; kept in %s",
+            self.path,
+            number + 1,
+            record_id,
+            message,
+            self.rejected_writer.path,
+        )
+
+    def _line_at(self, number: int) -> bytes:
+        [i] = self._entries_between(number, number + 1)
+        _entry, lines = next(iter_entry_lines(self.path, [self.scan.entries[i]]))
+        return lines[number - self._starts[i]]

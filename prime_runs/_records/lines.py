@@ -1,0 +1,192 @@
+"""Records to JSONL lines, on the worker's threads: run stamping and lazy encoding.
+
+Records are stamped with the run (contract §7: ``run.id`` and ``run.type``
+on the envelope and on every member trace, other ``run`` keys kept) on
+shallow copies, so the caller's objects are never mutated, and the copying
+happens here, off the caller's thread. Encoding is lazy: a sink pulls lines
+as it needs them, so a backlog is never held twice in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from prime_runs._records.ledger import Ledger
+from prime_runs._records.size_meter import SizeMeter
+from prime_traces.encoding import (
+    MAX_LINE_BYTES,
+    LineError,
+    LineParts,
+    encode_record_parts,
+    is_episode,
+    line_size,
+    record_form,
+)
+
+logger = logging.getLogger(__name__)
+
+INVALID_RECORD = "invalid_record"
+RECORD_TOO_LARGE = "record_too_large"
+
+
+def detect_line_format(records: Sequence[Any]) -> str:
+    """The format of a write, from its first record (as prime-runs always did)."""
+    return "episode" if records and is_episode(records[0]) else "trace"
+
+
+@dataclass(frozen=True)
+class RunStamp:
+    """The run every record is stamped with."""
+
+    run_id: str
+    run_type: str
+
+    def _run(self, run: Any) -> dict[str, Any]:
+        merged = dict(run) if isinstance(run, Mapping) else {}
+        merged["id"] = self.run_id
+        merged["type"] = self.run_type
+        return merged
+
+    def apply(self, record: Mapping[str, Any], line_format: str) -> dict[str, Any]:
+        """A stamped shallow copy of ``record``; the original is untouched."""
+        stamped = dict(record)
+        stamped["run"] = self._run(record.get("run"))
+        members = record.get("traces")
+        if line_format == "episode" and isinstance(members, (list, tuple)):
+            stamped["traces"] = [
+                {**m, "run": self._run(m.get("run"))} if isinstance(m, Mapping) else m for m in members
+            ]
+        return stamped
+
+
+class UserCodeError(ValueError):
+    """A record's own method raised: the message names the method and what it raised."""
+
+
+def _call_user(method: Any, name: str) -> Any:
+    try:
+        return method()
+    except BaseException as err:  # the record fails alone, whatever it raises
+        raise UserCodeError(f"{name} raised {type(err).__name__}: {err}") from err
+
+
+def as_mapping(record: Any, index: int) -> Mapping[str, Any]:
+    """The record as a mapping (:func:`~prime_traces.encoding.record_form`; ``to_json()`` bytes parsed)."""
+    form = record_form(record, index, _call_user)
+    return _parsed(form, index) if isinstance(form, bytes) else form
+
+
+def _parsed(line: bytes, index: int) -> dict[str, Any]:
+    value = orjson.loads(line)
+    if not isinstance(value, dict):
+        raise TypeError(f"record {index}: to_json() is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def carries_run(line: bytes, stamp: RunStamp) -> bool:
+    """Whether a ``to_json()`` line already names the run: then it is used as it is, never parsed.
+
+    Parsing a 14 MB document to stamp it holds the GIL for ~180 ms; counting
+    the run's id in its bytes takes a few ms. A producer that serialises its
+    own records with the run in them pays nothing.
+    """
+    return line.find(b'"id":"' + stamp.run_id.encode() + b'"') >= 0
+
+
+class EncodedWrite:
+    """The lines of one write, encoded one at a time as they are pulled.
+
+    A record that cannot be encoded (or, with ``check``, breaks a line rule)
+    is reported rejected in the ledger (it loses only itself) and skipped.
+    ``indexes[i]`` is the index in the ledger's write of ``records[i]``
+    (default ``i``); ``line_records[j]`` is the position in ``records`` of the
+    ``j``-th line produced, so a sink can map a rejected line back.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[Any],
+        line_format: str,
+        stamp: RunStamp | None,
+        meter: SizeMeter | None,
+        ledger: Ledger,
+        *,
+        indexes: Sequence[int] | None = None,
+        check: Callable[[Mapping[str, Any]], object] | None = None,
+    ) -> None:
+        self.records = records
+        self.line_format = line_format
+        self.stamp = stamp
+        self.meter = meter
+        self.ledger = ledger
+        self.indexes = indexes
+        self.check = check
+        self.line_records: list[int] = []
+        self.errors: list[tuple[int, str]] = []
+
+    def __iter__(self) -> Iterator[bytes | LineParts]:
+        for position, record in enumerate(self.records):
+            index = position if self.indexes is None else self.indexes[position]
+            record_id: str | None = None
+            try:
+                form = record_form(record, index, _call_user)
+                if isinstance(form, bytes) and (self.stamp is None or carries_run(form, self.stamp)):
+                    line: bytes | LineParts = form  # already the run's: used as it is (the service checks it)
+                else:
+                    mapping = _parsed(form, index) if isinstance(form, bytes) else form
+                    record_id = id_of(mapping)
+                    if self.stamp is not None:
+                        mapping = self.stamp.apply(mapping, self.line_format)
+                    if self.check is not None:
+                        self.check(mapping)
+                    line = encode_record_parts(mapping, index)
+            except LineError as err:
+                self._invalid(position, f"rejected:{err.code}", err.message, record_id)
+                continue
+            except BaseException as err:  # noqa: BLE001  (a user's to_record() may raise anything: it fails alone)
+                self._invalid(position, INVALID_RECORD, _cause(err, index), record_id or id_of(record))
+                continue
+            size = line_size(line)
+            if size > MAX_LINE_BYTES:
+                self._invalid(
+                    position,
+                    RECORD_TOO_LARGE,
+                    f"{size} bytes encoded, over the limit of {MAX_LINE_BYTES} for one record",
+                    record_id,
+                )
+                continue
+            if self.meter is not None:
+                self.meter.observe(size + 1)
+            self.line_records.append(position)
+            yield line
+
+    def _invalid(self, position: int, reason: str, message: str, record_id: str | None) -> None:
+        index = position if self.indexes is None else self.indexes[position]
+        self.ledger.rejected(index, reason, message, record_id)
+        self.errors.append((position, message))
+        logger.debug("record %d not logged: %s", index, message)
+
+
+def id_of(record: Any) -> str | None:
+    """The record's ``id`` when it has a string one; never raises (it may be any object)."""
+    try:
+        value = record.get("id") if isinstance(record, Mapping) else getattr(record, "id", None)
+    except Exception:  # noqa: BLE001
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _cause(err: BaseException, index: int) -> str:
+    """Why a record could not be encoded, without the ``record N:`` the encoder starts with."""
+    if isinstance(err, (TypeError, ValueError)) and not isinstance(err, orjson.JSONDecodeError):
+        text = str(err)
+        prefix = f"record {index}: "
+        return text[len(prefix) :] if text.startswith(prefix) else text
+    if isinstance(err, orjson.JSONDecodeError):
+        return f"to_json() is not valid JSON: {err}"
+    return f"{type(err).__name__} while reading the record: {err}"

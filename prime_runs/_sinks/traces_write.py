@@ -1,0 +1,343 @@
+"""One write of the Traces sink: every record stored, rejected, or left for the spool.
+
+Each record is first checked against the contract's line rules
+(``prime_traces.encoding``, the rules the local service applies): one that
+breaks them is rejected here and costs no request. What becomes of the
+records of a refused or failed upload:
+
+- The service lists every rejected line (``errors``, contract §9): each is
+  rejected as ``rejected:<code>`` (and set aside), and the rest of the batch
+  is sent again: one extra request per batch, whatever the number of bad
+  records.
+- The service names only the first rejected line: that record is rejected;
+  the other records of its batch, and the records never sent, are uploaded
+  again, at most as many per request as there were good lines before the
+  bad one, doubling as requests commit. Records with no bad one among them
+  go through in a few requests; when every record is bad, each costs one
+  small request, and the bytes sent stay within about twice the write's.
+- The service names no line: the batch is bisected. Each half is uploaded in
+  its own ``upload_lines`` call, recursively, until the bad records are
+  isolated. A single record refused is that record's rejection. This takes
+  about ``2 * log2(n)`` extra requests per bad record, and at most ``2n - 1``
+  for a batch of ``n``. Size refusals (``upload_too_large``,
+  ``too_many_traces_in_upload``) are bisected even when a line is named,
+  since the line is not at fault there. A 500 is about something in the
+  request too: the batch is first sent once more as it was (a replay, if it
+  was stored before the error), then bisected.
+- The refusal is about the sink, not the records (401, 402, 403, 404, 409 or
+  any other 4xx but 400/413/422, or a 400 about the request itself such as
+  ``invalid_metadata``): every later request would be refused the same way.
+  The write's records not yet accounted for are left undelivered as
+  ``refused:<code>``. For 401, 402, 403 and 404 the write returns
+  ``PERMANENT`` (the worker retires the sink at once, and spools the rest of
+  the run); otherwise ``TRANSIENT``, a strike. Going on would spend a request
+  per record and store nothing.
+- Refusals (429, 503 with a refusal code) never end an upload while the run
+  is live: the client waits them out, spending no attempt, until ``cancel``.
+- A batch that failed after the client's retries (5xx without a refusal
+  code, transport errors) is left undelivered as ``transient``, as one batch
+  (it may have been stored: a resync sends the same bytes, which the service
+  replays). With a spool, the sink then enters an outage
+  (:class:`~prime_runs._sinks.outage.Outage`): the rest of the write, and every
+  write until a probe sees the service back, is left undelivered as
+  ``outage`` without being sent, so the worker spools it at disk speed; once
+  the service answers, what was spooled is uploaded in the background. No
+  strike. Without a spool the write returns ``TRANSIENT``, and after
+  ``max_transient_failures`` such uploads in a row the rest of the write is
+  left undelivered without being sent.
+- Once ``cancel`` is set (the worker's deadline), nothing new is sent.
+  Batches in flight are left undelivered as ``deadline`` batches; records
+  never sent are left open.
+
+The worker spools what is left undelivered or open to the run directory.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prime_runs._records.faults import (
+    SINK,
+    SIZE_CODES,
+    TRANSIENT,
+    describe,
+    fault_of,
+    listed_rejections,
+    refusal_reason,
+    rejection_reason,
+)
+from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.lines import EncodedWrite, RunStamp, id_of
+from prime_traces.encoding import check_record
+from prime_traces.errors import UploadError
+from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
+
+if TYPE_CHECKING:
+    from prime_runs._records.size_meter import SizeMeter
+    from prime_runs._sinks.outage import Outage
+    from prime_traces.client import TracesClient
+
+logger = logging.getLogger(__name__)
+
+#: Sent, but the deadline came before the answer (or before the retries ended).
+DEADLINE = "deadline"
+SINK_ERROR = "sink_error"
+#: Not sent: the service was down (kept on disk, uploaded when it is back).
+OUTAGE = "outage"
+#: Refusals that no later request can get past: the sink retires at once.
+PERMANENT_STATUSES = frozenset({401, 402, 403, 404})
+
+
+def _is_server_error(outcome: BatchOutcome) -> bool:
+    return getattr(outcome.error, "status_code", None) == 500
+
+
+def _then(lines: Iterable[Any], call: Callable[[], Any]) -> Iterator[Any]:
+    """``lines``, then ``call()`` once they ran out (not when the upload stops pulling before)."""
+    yield from lines
+    call()
+
+
+class UploadSink(Protocol):
+    """What a write needs of its sink (:class:`~prime_runs._sinks.traces.TracesSink`)."""
+
+    client: TracesClient
+    stamp: RunStamp | None
+    context: dict[str, str] | None
+    meter: SizeMeter | None
+    max_attempts: int
+    target_batch_bytes: int
+    max_transient_failures: int
+    outage: Outage | None
+    #: Set by a write refused for good.
+    permanent_refusal: str | None
+
+    def _warn_failures(self, records: int, failures: collections.Counter[str], sample: str | None) -> None: ...
+
+
+class SinkWrite:
+    """One call of ``write``: the groups of records still to upload, and the tallies."""
+
+    def __init__(
+        self, sink: UploadSink, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event
+    ) -> None:
+        self.sink = sink
+        self.records = records
+        self.line_format = line_format
+        self.ledger = ledger
+        self.cancel = cancel
+        # Record indexes into ``records``, each group uploaded by one upload_lines call.
+        self.groups: collections.deque[list[int]] = collections.deque([list(range(len(records)))])
+        self.status = SinkStatus.OK
+        self.transient_in_row = 0
+        self.first_pass = True
+        self.failures: collections.Counter[str] = collections.Counter()
+        self.sample: str | None = None
+        # Once the service has located a rejection without listing them all,
+        # at most this many records go in one request, doubling as requests
+        # commit: resending everything after each bad record would cost O(N²).
+        self.probe: int | None = None
+        # Batches answered 500 once (by their records' positions), sent again as they were.
+        self.server_errors: set[tuple[int, ...]] = set()
+
+    def run(self) -> SinkStatus:
+        while self.groups and not self.cancel.is_set():
+            if self.sink.outage is not None and self.sink.outage.down:
+                self._wait_out_outage()
+                break
+            if self.transient_in_row >= self.sink.max_transient_failures:
+                self._undeliver([i for g in self.groups for i in g], TRANSIENT)
+                self.groups.clear()
+                break
+            group = self.groups.popleft()
+            if self.probe is not None and len(group) > self.probe:
+                self.groups.appendleft(group[self.probe :])
+                group = group[: self.probe]
+            if group:
+                self._send(group)
+        if self.failures:
+            self.sink._warn_failures(len(self.records), self.failures, self.sample)
+        return self.status
+
+    def _reject(self, index: int, reason: str, detail: str) -> None:
+        self.ledger.rejected(index, reason, f"refused by the service: {detail}", id_of(self.records[index]))
+        self.failures[reason] += 1
+        self.sample = self.sample or detail
+
+    def _undeliver(
+        self, indexes: list[int], reason: str, detail: str | None = None, *, batch: bool = False, key: str | None = None
+    ) -> None:
+        # Not the records' fault: the worker spools them for ``prime-runs sync``.
+        if not indexes:
+            return
+        self.ledger.undelivered(indexes, reason, batch=batch, key=key)
+        self.failures[reason] += len(indexes)
+        if detail:
+            self.sample = self.sample or detail
+
+    def _wait_out_outage(self) -> None:
+        # Not sent, not a failure: the worker spools them; they go up when the service is back.
+        self.ledger.undelivered([i for g in self.groups for i in g], OUTAGE)
+        self.groups.clear()
+
+    def _strike(self, reason: str) -> None:
+        self.status = SinkStatus.TRANSIENT
+        logger.debug("traces sink strike: %s", reason)
+
+    def _send(self, group: list[int]) -> None:
+        subset = [self.records[i] for i in group]  # references only: no record is copied
+        # The meter learns each record's size once, not again when it is resent.
+        meter = self.sink.meter if self.first_pass else None
+        first_pass, self.first_pass = self.first_pass, False
+        # The contract's line rules, checked here: a record the service would refuse costs no request.
+        check = functools.partial(check_record, line_format=self.line_format, now=time.time())
+        encoded = EncodedWrite(
+            subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group, check=check
+        )
+        announced: set[int] = set()
+        # Once the first pass has encoded every record, the worker may start encoding the next
+        # write while this one's last batches upload.
+        lines = _then(encoded, self.ledger.encoded) if first_pass else encoded
+
+        def on_batch(batch: Any, _receipt: Any) -> None:
+            announced.add(batch.index)
+            positions = encoded.line_records
+            self.ledger.stored([group[positions[j]] for j in batch.line_indexes], batch.size_bytes)
+
+        try:
+            self.sink.client.upload_lines(
+                lines,
+                line_format=self.line_format,
+                context=self.sink.context,
+                target_batch_bytes=self.sink.target_batch_bytes,
+                max_attempts=self.sink.max_attempts,
+                max_refused_s=None,  # refusals are backpressure: waited out until the deadline
+                on_batch=on_batch,
+                cancel=self.cancel,
+            )
+        except UploadError as err:
+            self._settle(group, encoded, err.report, announced)
+            return
+        except Exception as err:
+            # Not a record's fault (EncodedWrite absorbs those) and not an
+            # upload's (a closed client, a bug): nothing more of this write can be sent.
+            logger.warning("traces sink: write failed: %r", err, exc_info=True)
+            reason = f"{SINK_ERROR}:{type(err).__name__}"  # as the worker names a sink's crash
+            rejected = {position for position, _ in encoded.errors}
+            left = [i for p, i in enumerate(group) if p not in rejected] + [i for g in self.groups for i in g]
+            self._undeliver(left, reason, repr(err))
+            self.groups.clear()
+            self._strike(reason)
+            return
+        # Returned normally: every produced line was announced, except lines
+        # abandoned at a cancel that came after the input ran out; those stay
+        # open, and the worker spools them.
+        self.transient_in_row = 0
+        if self.probe is not None:
+            self.probe *= 2
+
+    def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport, announced: set[int]) -> None:
+        """Account for one failed upload call; queue what must be sent again."""
+        positions = encoded.line_records  # produced line j -> position in group
+        cancelled = self.cancel.is_set()
+        accounted: set[int] = {position for position, _ in encoded.errors}
+        resend: list[int] = []
+        splits: list[list[int]] = []
+        refused: list[int] = []
+        sink_refusal: BatchOutcome | None = None
+        transient = committed = False
+        for outcome in report.batches:
+            batch = [positions[j] for j in outcome.line_indexes]
+            accounted.update(batch)
+            if outcome.status is BatchStatus.COMMITTED:
+                committed = True
+                if outcome.index not in announced:  # committed during the abandon wait: never announced
+                    self.ledger.stored([group[p] for p in batch])
+                continue
+            if outcome.status is BatchStatus.UNSENT:
+                continue  # nothing sent: left open, spooled by the worker
+            kind = (
+                TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome, server_error_is_record=True)
+            )
+            if kind != TRANSIENT and _is_server_error(outcome) and tuple(batch) not in self.server_errors:
+                # A 500 may come after the batch was stored: first the same bytes once more (a
+                # replay if it was), and only if that fails too is it isolated like a rejection.
+                self.server_errors.add(tuple(batch))
+                splits.append(batch)
+                continue
+            if kind == TRANSIENT:
+                # Sent, fate unknown (the answer never came, or retries ran out or were cut
+                # short): kept as this very batch, so a later sync replays it if it was stored.
+                reason = DEADLINE if cancelled else TRANSIENT
+                self._undeliver(
+                    [group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True, key=outcome.key
+                )
+                transient = transient or not cancelled
+            elif kind == SINK:
+                sink_refusal = sink_refusal or outcome
+                refused += batch
+            elif outcome.rejected_lines and outcome.code not in SIZE_CODES:
+                # Every bad line listed: all are set aside at once, the rest sent again.
+                bad_lines = set()
+                for line, reason, detail in listed_rejections(outcome):
+                    bad_lines.add(positions[line])
+                    self._reject(group[positions[line]], reason, detail)
+                resend += [p for p in batch if p not in bad_lines]
+            elif outcome.rejected_line is not None and outcome.code not in SIZE_CODES:
+                bad = positions[outcome.rejected_line]
+                self._reject(group[bad], rejection_reason(outcome), describe(outcome))
+                resend += [p for p in batch if p != bad]
+                # The lines before it passed; how many is a guess of how far the next bad one is.
+                self.probe = max(1, batch.index(bad))
+            elif len(batch) == 1:
+                self._reject(group[batch[0]], rejection_reason(outcome), describe(outcome))
+            else:
+                half = len(batch) // 2
+                splits += [batch[:half], batch[half:]]
+        resend += [p for p in range(len(group)) if p not in accounted]
+        resend.sort()
+
+        if sink_refusal is not None:
+            # Every later request would be refused alike: the rest of the write is kept for a sync.
+            left = refused + resend + [p for s in splits for p in s]
+            reason = refusal_reason(sink_refusal)
+            self._undeliver(
+                [group[p] for p in left] + [i for g in self.groups for i in g], reason, describe(sink_refusal)
+            )
+            self.groups.clear()
+            self._strike(reason)
+            if getattr(sink_refusal.error, "status_code", None) in PERMANENT_STATUSES:
+                self.status = SinkStatus.PERMANENT
+                self.sink.permanent_refusal = f"{reason}: {describe(sink_refusal)}"
+            return
+        if transient and self.sink.outage is not None:
+            # The service failed for good: the rest of the write waits on disk, not in a retry cycle
+            # per batch, and so does every write until the probe sees the service back. No strike.
+            self.sink.outage.enter(self.sample or "uploads failed after their retries")
+            self.groups.extendleft([[group[p] for p in sorted(resend + [p for s in splits for p in s])]])
+            self._wait_out_outage()
+            return
+        if transient:
+            self._strike(TRANSIENT)
+        if committed:
+            self.transient_in_row = 0
+        elif transient:
+            self.transient_in_row += 1
+        if cancelled:
+            return
+        if resend and not report.batches:
+            # No batch went out and no record is to blame: resending would loop.
+            self._undeliver([group[p] for p in resend], SINK_ERROR, "upload stopped before sending anything")
+            self._strike(SINK_ERROR)
+            resend = []
+        # Halves first, so a bad record is isolated before the rest moves on.
+        follow = [[group[p] for p in s] for s in splits]
+        if resend:
+            follow.append([group[p] for p in resend])
+        self.groups.extendleft(reversed(follow))

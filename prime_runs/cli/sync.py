@@ -1,0 +1,260 @@
+"""``prime-runs sync`` and ``prime-runs ls``: upload local runs, and see what is left to upload.
+
+``sync`` exits 0 when every record of every run is on the service, 3 when
+everything is except records the service (or the run itself) refused, which
+stay in the runs' ``rejected-*.jsonl.zst`` files, 1 when something is left to
+upload (run it again), and 2 for a bad command line. ``ls`` exits 0, 2 for a
+directory that does not exist and 1 when the runs cannot be read. Problems
+are one line on stderr, ``prime-runs: ...``: never a traceback, never the API
+key; with ``ls --json`` stdout gets one JSON document either way, the runs or
+``{"error": {"message", "code": null, "status": null}}``. What stdout's reader
+did not wait for (``| head``) ends quietly: ``prime_runs.cli`` sees to that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from typing import Any
+
+from prime_runs._console.progress import Progress, human_bytes
+from prime_runs._local.rundir import RUN_FILE, RunDirectory, runs_root
+from prime_runs._local.segment_reader import scan
+from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_files
+from prime_runs._local.sync_file import FileProgress, pending
+from prime_runs._local.sync_run import SyncReport, sync_run
+from prime_runs.errors import PrimeRunsError
+from prime_traces import TracesClient
+from prime_traces.cli_output import fail, print_json
+from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
+from prime_traces.errors import PrimeTracesError
+
+PROG = "prime-runs"
+EXIT_OK, EXIT_LEFT, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+EXIT_UNREADABLE = 1  # ls: the runs could not be read
+
+
+def add_sync_commands(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sync",
+        help="upload local runs to the Traces service",
+        description="Upload runs kept on local disk (offline runs, and what an online run could not "
+        "deliver) to the Traces service, exactly once: an interrupted or repeated sync uploads "
+        "only what is missing. Exit status: 0 all uploaded; 3 all uploaded but records the service "
+        "refused (kept in rejected-*.jsonl.zst); 1 something left to upload (run it again).",
+    )
+    p.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="a run directory, or a directory of them (default: $PRIME_RUNS_DIR, else ./prime-runs)",
+    )
+    p.add_argument("--api-key", default=None, help=f"API key (default: ${ENV_API_KEY}, then ~/.prime/config.json)")
+    p.add_argument(
+        "--base-url",
+        default=None,
+        help=f"Traces service URL (default: the run's own, then ${ENV_TRACES_URL}, then ~/.prime/config.json)",
+    )
+    p.add_argument("--team-id", default=None, help="team to act for")
+    p.set_defaults(func=run_sync)
+    p = subparsers.add_parser(
+        "ls",
+        help="list local runs and what is left to upload",
+        description="List the runs in DIR: name, id, status, records and bytes "
+        "left to upload, and when they were last synced.",
+    )
+    p.add_argument(
+        "dir",
+        nargs="?",
+        default=None,
+        metavar="DIR",
+        help="directory of runs (default: $PRIME_RUNS_DIR, else ./prime-runs)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(func=run_ls)
+
+
+def _fail(message: str) -> None:
+    print(f"{PROG}: {' '.join(message.split())}", file=sys.stderr)
+
+
+def is_run_directory(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, RUN_FILE)) or bool(segment_files(path, (*DATA_KINDS, REJECTED, METRICS)))
+
+
+def find_runs(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Run directories among ``paths`` (each a run directory or a directory of them), and missing paths."""
+    runs, missing = [], []
+    for path in paths:
+        if not os.path.isdir(path):
+            missing.append(path)
+        elif is_run_directory(path):
+            runs.append(path)
+        else:
+            runs += [c for c in (os.path.join(path, n) for n in sorted(os.listdir(path))) if is_run_directory(c)]
+    return runs, missing
+
+
+def run_sync(args: argparse.Namespace) -> int:
+    runs, missing = find_runs(args.paths or [runs_root()])
+    for path in missing:
+        _fail(f"no such directory: {path}")
+    if missing:
+        return EXIT_USAGE
+    if not runs:
+        print(f"no runs to sync in {', '.join(args.paths or [runs_root()])}", file=sys.stderr)
+        return EXIT_OK
+    clients: dict[tuple[str, str], TracesClient] = {}
+    outcome = EXIT_OK
+    try:
+        for path in runs:
+            report = _sync_one(path, args, clients)
+            if report is None or not report.complete:
+                outcome = EXIT_LEFT
+            elif report.rejected_total and outcome == EXIT_OK:
+                outcome = EXIT_REJECTED
+    except KeyboardInterrupt:
+        _fail("interrupted; run prime-runs sync again to upload the rest (nothing is uploaded twice)")
+        return 130
+    finally:
+        for client in clients.values():
+            client.close()
+    return outcome
+
+
+def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str], TracesClient]) -> SyncReport | None:
+    rundir = RunDirectory(path)
+    try:
+        document = rundir.read_run() or {}
+        config = resolve_config(args.api_key, args.base_url or document.get("service_url"), args.team_id)
+        if not config.api_key:
+            raise PrimeRunsError(f"no API key to upload {path} with: set {ENV_API_KEY} or pass --api-key")
+        key = (config.base_url, config.team_id)
+        client = clients.get(key)
+        if client is None:
+            client = clients[key] = TracesClient(config.api_key, config.base_url, config.team_id)
+        progress = Progress(rundir.run_id)
+        try:
+            report = sync_run(rundir, client, on_start=progress.start, on_progress=progress.advance)
+        finally:
+            progress.close()
+    except (PrimeRunsError, PrimeTracesError, OSError, ValueError) as err:
+        _fail(f"{path}: {err}")
+        return None
+    for torn in report.torn:
+        print(
+            f"{report.run_id}: {torn.path} ended in a torn entry ({torn.problem}); cut off {torn.torn_bytes} "
+            f"bytes, kept the {torn.lines} whole lines before it",
+            file=sys.stderr,
+        )
+    for error in report.errors:
+        _fail(f"{report.run_id}: {error}")
+    print(_summary(report, config.base_url))
+    return report
+
+
+def records(count: int) -> str:
+    return f"{count} record{'' if count == 1 else 's'}"
+
+
+def _summary(report: SyncReport, url: str) -> str:
+    if report.uploaded:
+        text = f"{report.run_id}: {records(report.uploaded)} uploaded ({human_bytes(report.uploaded_bytes)}) to {url}"
+    else:
+        text = f"{report.run_id}: nothing new to upload to {url}"
+    if report.metric_rows:
+        text += f"; {report.metric_rows} metrics rows"
+    if report.status:
+        text += f"; status {report.status}"
+    if report.left:
+        text += f"; {records(report.left)} left: run prime-runs sync {report.path} again"
+    if report.unreadable:
+        text += f"; {records(report.unreadable)} in damaged entries cannot be read (the log says where)"
+    if report.rejected_total:
+        text += (
+            f"; {records(report.rejected_total)} refused"
+            f"{f' ({report.rejected_now} just now)' if report.rejected_now else ''}, "
+            f"kept in {os.path.join(report.path, 'rejected-*.jsonl.zst')}"
+        )
+    return text
+
+
+def local_status(rundir: RunDirectory, document: dict[str, Any]) -> str:
+    """The status a run directory shows: ``crashed`` for one whose process died while it was running."""
+    status = str(document.get("status") or "unknown")
+    if status == "running" and not rundir.owner_alive():
+        return "crashed"
+    return status
+
+
+def describe_run(path: str) -> dict[str, Any]:
+    """What ``ls`` shows of one run directory (read only: nothing is repaired or changed)."""
+    rundir = RunDirectory(path)
+    try:
+        document = rundir.read_run() or {}
+        state = rundir.read_sync()
+    except PrimeRunsError as err:
+        return {
+            "path": path,
+            "id": rundir.run_id,
+            "name": None,
+            "status": f"unreadable: {err}",
+            "records_left": None,
+            "bytes_left": None,
+            "last_sync": None,
+        }
+    service = document.get("service_url") or state.get("last_service")
+    mine = state.get("services", {}).get(service, {}) if service else {}
+    files = mine.get("files", {})
+    records = size = 0
+    for segment in rundir.data_segments():
+        left = pending(scan(segment, verify_last=False), FileProgress.load(files.get(os.path.basename(segment))))
+        records, size = records + left[0], size + left[1]
+    last = mine.get("last_sync", {}).get("at")
+    return {
+        "path": path,
+        "id": document.get("id") or rundir.run_id,
+        "name": document.get("name"),
+        "status": local_status(rundir, document) if document else "unknown",
+        "records_left": records,
+        "bytes_left": size,
+        "last_sync": last,
+    }
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    root = args.dir or runs_root()
+    if not os.path.isdir(root):
+        fail(PROG, f"no such directory: {root}", as_json=args.json)
+        return EXIT_USAGE
+    try:
+        runs, _ = find_runs([root])
+        rows = [describe_run(path) for path in runs]
+    except (PrimeRunsError, OSError, ValueError) as err:
+        fail(PROG, f"{root}: {err}", err=err, as_json=args.json)
+        return EXIT_UNREADABLE
+    if args.json:
+        print_json(rows)
+        return EXIT_OK
+    if not rows:
+        print(f"no runs in {root}")
+        return EXIT_OK
+    table = [("NAME", "ID", "STATUS", "RECORDS LEFT", "BYTES LEFT", "LAST SYNC")]
+    for row in rows:
+        when = row["last_sync"]
+        table.append(
+            (
+                row["name"] or "-",
+                row["id"],
+                row["status"],
+                str(row["records_left"]),
+                human_bytes(row["bytes_left"] or 0),
+                datetime.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") if when else "never",
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for cells in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip())
+    return EXIT_OK
