@@ -20,8 +20,7 @@ import logging
 import warnings
 from typing import Any
 
-from prime_runs._service.ownership import KINDS, MODES
-from prime_runs._start.init import init
+from prime_runs._start.init import KINDS, MODES, init
 from prime_runs.errors import PrimeRunsError, SinkError
 from prime_runs.run import Run
 from prime_traces.version import __version__

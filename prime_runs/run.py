@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import threading
@@ -12,28 +11,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prime_runs._console.console import Console
-from prime_runs._finish import interrupt
-from prime_runs._finish.exit_hooks import ShutdownHooks
-from prime_runs._finish.finisher import Finishing, live_runs
+from prime_runs._finish.finisher import Finisher
 from prime_runs._history.lane import MetricsLane
 from prime_runs._history.values import History, flatten, to_wire
 from prime_runs._history.values import row as metric_row
 from prime_runs._local.run_file import RunFile
 from prime_runs._local.rundir import RunDirectory
-from prime_runs._records.ledger import Sink
-from prime_runs._service.ownership import ENV_RUN_ID, describe
+from prime_runs._records.sink import Sink
+from prime_runs._records.size_meter import SizeMeter
+from prime_runs._service.ownership import ENV_RUN_ID
+from prime_runs._service.state import RunState
+from prime_runs._service.updates import RunUpdates
+from prime_runs._upload.settings import WorkerSettings
 from prime_runs._upload.worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
-from prime_traces.client import TracesClient
-from prime_traces.threads import call_in_forked_child, run_in_daemon
+from prime_traces.threads import call_in_forked_child
 
 logger = logging.getLogger(__name__)
 
 ON_ERROR = ("warn", "raise")
-_UPDATE_LOCK_TIMEOUT_S = 0.5
 
 
-class Run(Finishing):
+class Run:
     """One run: ``log_episodes`` never blocks; ``finish`` is bounded.
 
     Made by :func:`prime_runs.init`. ``log_episodes`` / ``log_traces`` hand
@@ -59,19 +58,20 @@ class Run(Finishing):
         kind: str,
         mode: str,
         url: str | None,
-        config: dict[str, Any],
-        sinks: Sequence[Sink] | None,
-        lifecycle: TracesClient | None,
+        state: RunState,
         owner: bool,
         on_error: str,
         finish_timeout_s: float,
         handle_signals: bool,
+        console: Console,
+        sinks: Sequence[Sink] | None = None,
+        worker_settings: WorkerSettings | None = None,
+        size_meter: SizeMeter | None = None,
+        updates: RunUpdates | None = None,
+        metrics: MetricsLane | None = None,
         tags: list[str] | None = None,
         rundir: RunDirectory | None = None,
         service_url: str | None = None,
-        console: Console | None = None,
-        metrics: MetricsLane | None = None,
-        worker_options: Mapping[str, Any] | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -83,73 +83,82 @@ class Run(Finishing):
         #: The run directory (created only when something is kept there, online).
         self.dir = rundir.path if rundir is not None else None
         self.tags = list(tags or [])
-        self.config = dict(config)
-        self.summary: dict[str, Any] = {}
-        self.status = "running"
-        self.error: str | None = None
-        self._service_url = service_url
-        self._finished_at: float | None = None
-        self._started = time.monotonic()
-        self._metrics = metrics
-        self._next_step = 0
+        #: What the run says on the terminal (``init(console=...)``).
+        self.console = console
         #: The history of the first metrics logged, for the sparklines of the finish summary.
         self.history = History()
-        #: What the run says on the terminal (``init(console=...)``).
-        self.console = console if console is not None else Console(enabled=False)
-        self._run_file = RunFile(rundir, self._document) if rundir is not None and owner else None
-        self._lifecycle = lifecycle
-        self._owner = owner
-        self._on_error = on_error
-        self.finish_timeout_s = finish_timeout_s
-        self._lock = threading.Lock()
-        # One config/summary/status request at a time, each sending a snapshot
-        # taken while it holds this: an older snapshot can never land last.
-        self._patch_lock = threading.Lock()
-        self._finish_lock = threading.Lock()
-        self._finishing = False
-        self._finished = threading.Event()
-        self._first_error: SinkError | None = None
-        self._dirty: dict[str, bool] = {"config": False, "summary": False}
-        self._stop_requested = False
-        self._status_answered: threading.Event | None = None
-        # The run's own callbacks go in at construction, once everything they read exists.
-        worker = None
-        if sinks is not None:
-            worker = UploadWorker(
+        self._state = state
+        self._service_url = service_url
+        self._worker = (
+            UploadWorker(
                 sinks,
+                worker_settings,
+                size_meter=size_meter,
                 on_error=self._note_error,
-                on_loss=self.console.heard,
+                on_loss=console.count_loss,
                 tick=self._tick,
-                **dict(worker_options or {}),
             )
-        self._worker = worker
-        self._hooks = ShutdownHooks(
-            self._finish_from_hook,
-            handle_signals=handle_signals,
+            if sinks is not None
+            else None
+        )
+        self._updates = updates
+        self._metrics = metrics
+        self._on_error = on_error
+        self._next_step = 0
+        self._first_error: SinkError | None = None
+        self._finisher = Finisher(
+            run_id,
+            name=name,
+            mode=mode,
+            directory=self.dir,
+            state=state,
+            stats=self.stats,
+            console=console,
             timeout_s=finish_timeout_s,
-            notice=self._interrupted,
-            stop=self._stop_waiting,
-            spill_timeout_s=worker.spill_timeout_s if worker is not None else 0.0,
+            on_hook=self._finish_from_hook,
+            handle_signals=handle_signals,
+            owner=owner,
+            worker=self._worker,
+            metrics=metrics,
+            updates=updates,
+            run_file=RunFile(rundir, self._document) if rundir is not None and owner else None,
+            history=self.history,
         )
         if mode != "disabled":
-            self._hooks.install()
-            others = [run for run in list(live_runs) if not run._finishing]
-            if others:
-                self.console.warn_once(
-                    "second-init",
-                    "init() was called while run %s is still live in this "
-                    "process: both log side by side; finish() the first one when it is done",
-                    others[0].id,
-                )
-            live_runs.add(self)
+            self._finisher.install()
         call_in_forked_child(self._after_fork_in_child)
-        if worker is not None:
+        if self._worker is not None:
             # Now rather than in the first log_episodes(): that call would wait for the thread to start
             # (0.4-1.7 ms, where a call that only queues takes 0.1).
-            worker.start()
+            self._worker.start()
 
     def __repr__(self) -> str:
         return f"Run(id={self.id!r}, name={self.name!r}, mode={self.mode!r}, status={self.status!r})"
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The run's config: ``init(config=...)`` and what ``update_config`` merged in."""
+        return self._state.config
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The last value of each metric logged, and what ``update_summary`` / ``finish`` merged in."""
+        return self._state.summary
+
+    @property
+    def status(self) -> str:
+        """``running``, then the terminal status ``finish()`` recorded."""
+        return self._state.status
+
+    @property
+    def error(self) -> str | None:
+        """The error the run finished with, if any."""
+        return self._state.error
+
+    @property
+    def finish_timeout_s(self) -> float:
+        """How long ``finish()`` waits by default (``init(finish_timeout_s=...)``)."""
+        return self._finisher.timeout_s
 
     # -- logging (never blocks) ----------------------------------------------
 
@@ -164,7 +173,7 @@ class Run(Finishing):
     def _submit(self, records: Iterable[Any], line_format: str) -> bool:
         if self._worker is None:
             return True
-        if self._finishing:
+        if self._finisher.finishing:
             method = "log_episodes" if line_format == "episode" else "log_traces"
             self.console.warn_once(
                 "late-records",
@@ -186,7 +195,7 @@ class Run(Finishing):
         far). Never blocks and never raises for a value: rows go to the
         service on a lane of their own, at most every second.
         """
-        if self._finishing:
+        if self._finisher.finishing:
             self.console.warn_once(
                 "late-log",
                 "run.log() was called after finish() of run %s: the values are kept in run.summary but not sent",
@@ -203,13 +212,14 @@ class Run(Finishing):
             step, given = None, False
         else:
             given = step is not None
-        with self._lock:
+        state = self._state
+        with state.lock:
             row_step = self._next_step if step is None else step
             self._next_step = max(self._next_step, row_step + 1)
-            self.summary.update({name: to_wire(value) for name, value in values.items()})
+            state.summary.update({name: to_wire(value) for name, value in values.items()})
             if given:
-                self.summary["step"] = row_step
-            self._dirty["summary"] = True
+                state.summary["step"] = row_step
+            state.summary_changed()
             self.history.add(row_step, values)
         if values and self._metrics is not None:
             self._metrics.add(metric_row(row_step, time.time(), values))
@@ -219,67 +229,44 @@ class Run(Finishing):
         """The published SDK's name for :meth:`log`."""
         self.log(metrics, step=step)
 
-    def _merge_summary(self, values: Mapping[str, Any]) -> None:
-        with self._lock:
-            self.summary.update(values)
-            self._dirty["summary"] = True
-        self._changed()
-
-    def _changed(self) -> None:
-        if self._run_file is not None:
-            self._run_file.dirty = True
-        # The worker thread also runs the update timer: start it for runs that
-        # log metrics before (or without) any episode.
-        if self._worker is not None and self._owner:
-            self._worker.start()
-
     def update_summary(self, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into the summary (sent on a timer and at finish); no history row."""
-        self._merge_summary(values)
+        self._state.merge_summary(values)
+        self._changed()
 
     def update_config(self, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into the config (sent on a timer and at finish)."""
-        with self._lock:
-            self.config.update(values)
-            self._dirty["config"] = True
+        self._state.merge_config(values)
         self._changed()
+
+    def _changed(self) -> None:
+        run_file = self._finisher.run_file
+        if run_file is not None:
+            run_file.dirty = True
+        # The worker thread also runs the update timer: start it for runs that
+        # log metrics before (or without) any episode.
+        if self._worker is not None and self._finisher.owner:
+            self._worker.start()
 
     def send_updates(self, timeout_s: float | None = None) -> None:
         """Send pending config and summary changes now (the worker's timer calls this)."""
-        if self._lifecycle is None or not self._owner:
-            return
-        if not self._patch_lock.acquire(blocking=False):
-            return  # another request (or the final status) is on its way; what is pending stays pending
-        try:
-            config, summary = self._snapshot(everything=False)
-            if config is None and summary is None:
-                return
-            try:
-                self._lifecycle.update_run(self.id, config=config, summary=summary, timeout_s=timeout_s)
-            except Exception as err:  # noqa: BLE001  (metrics must never break training)
-                # Plain flag writes, no lock: this may run from a signal's finisher.
-                self._dirty["config"] |= config is not None
-                self._dirty["summary"] |= summary is not None
-                logger.warning("could not send run updates (%s); will retry", describe(err))
-        finally:
-            self._patch_lock.release()
+        if self._updates is not None and self._finisher.owner:
+            self._updates.send_changes(timeout_s)
 
     def _tick(self) -> None:
         """The worker's timer: send what changed (on a helper), and keep ``run.json`` current."""
-        if self._lifecycle is not None and self._worker is not None and not self._patch_lock.locked():
-            # Never on the worker thread: a slow answer must not hold uploads back. Bounded as a
-            # whole by the interval; one still waiting makes the next ticks skip (send_updates).
-            run_in_daemon(
-                functools.partial(self.send_updates, timeout_s=self._worker.tick_interval_s),
-                f"prime-runs-update-{self.id}",
-            )
-        if self._run_file is not None:
-            self._run_file.save_if_dirty()
+        if self._updates is not None and self._worker is not None and self._finisher.owner:
+            # Bounded as a whole by the interval; one still waiting makes the next ticks skip.
+            self._updates.send_changes_in_background(self._worker.settings.tick_interval_s)
+        run_file = self._finisher.run_file
+        if run_file is not None:
+            run_file.save_if_dirty()
 
     def _keep_locally(self) -> None:
         """Start keeping ``run.json`` (offline runs, ``save_local``); the owner only."""
-        if self._run_file is not None and not self._run_file.activate():
-            self._run_file = None
+        run_file = self._finisher.run_file
+        if run_file is not None and not run_file.activate():
+            self._finisher.run_file = None
 
     def _directory_needed(self, _path: str) -> None:
         # Online, the run directory appears with the first record kept there.
@@ -287,12 +274,11 @@ class Run(Finishing):
 
     def _document(self) -> dict[str, Any] | None:
         """What ``run.json`` holds: the run as the service would have it, and the counters."""
-        if not self._lock.acquire(timeout=_UPDATE_LOCK_TIMEOUT_S):
+        copies = self._state.copies()
+        if copies is None:
             return None  # a signal's finisher interrupted log(): the next write has it all
-        try:
-            config, summary = dict(self.config), dict(self.summary)
-        finally:
-            self._lock.release()
+        config, summary = copies
+        state = self._state
         return {
             "id": self.id,
             "name": self.name,
@@ -301,28 +287,13 @@ class Run(Finishing):
             "tags": self.tags,
             "config": config,
             "summary": summary,
-            "status": self.status,
-            "error": self.error,
+            "status": state.status,
+            "error": state.error,
             "service_url": self._service_url,
             "url": self.url,
-            "finished_at": self._finished_at,
+            "finished_at": state.finished_at,
             "counters": self.stats(),
         }
-
-    def _snapshot(self, *, everything: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Copies of the config and summary to send (only what changed, unless ``everything``)."""
-        # Bounded: a signal handler may finish the run while the interrupted
-        # main thread holds the lock inside log().
-        if not self._lock.acquire(timeout=_UPDATE_LOCK_TIMEOUT_S):
-            logger.warning("run %s: summary busy; sending the status without the latest metrics", self.id)
-            return None, None
-        try:
-            config = dict(self.config) if everything or self._dirty["config"] else None
-            summary = dict(self.summary) if everything or self._dirty["summary"] else None
-            self._dirty = {"config": False, "summary": False}
-        finally:
-            self._lock.release()
-        return config, summary
 
     # -- waiting (bounded) ---------------------------------------------------
 
@@ -352,38 +323,12 @@ class Run(Finishing):
         Idempotent and thread-safe: the first call finishes, later ones wait
         for it (within their own timeout) and return.
         """
-        timeout = self.finish_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + max(0.0, timeout)
-        if not self._finish_lock.acquire(blocking=False):
-            self._finished.wait(max(0.0, deadline - time.monotonic()) + 1.0)
-            return
-        try:
-            if self._finishing:
-                return
-            if summary:
-                self._merge_summary(summary)
-            self._finishing = True
-            self._finish_run(status, error, deadline, timeout)
-        finally:
-            self._finished.set()
-            self._finish_lock.release()
-        if self._stop_requested and threading.current_thread() is threading.main_thread():
-            interrupt.end_now()  # a second Ctrl-C: what was left is on disk; end as the signal would
+        before = (lambda: self.update_summary(summary)) if summary else None
+        self._finisher.finish(status, error, timeout_s, before=before)
         self._raise_first_error()
 
-    def _stop_waiting(self) -> None:
-        """A second Ctrl-C: stop waiting for the service; what is left goes to disk."""
-        if not self._finishing or self._finished.is_set():
-            return
-        self._stop_requested = True
-        if self._worker is not None:
-            self._worker.stop_waiting()
-        answered = self._status_answered
-        if answered is not None:
-            answered.set()
-
     def _finish_from_hook(self, status: str) -> None:
-        if not self._finishing:
+        if not self._finisher.finishing:
             try:
                 self.finish(status=status)
             except PrimeRunsError as err:
@@ -421,7 +366,7 @@ class Run(Finishing):
     # -- errors and accounting -------------------------------------------------
 
     def _note_error(self, error: SinkError) -> None:
-        with self._lock:
+        with self._state.lock:
             first = self._first_error is None
             if first:
                 self._first_error = error
@@ -450,12 +395,10 @@ class Run(Finishing):
 
     def _after_fork_in_child(self) -> None:
         # The child logs its own records but never finishes the parent's run.
-        self._owner = False
-        self._run_file = None
-        self._lock = threading.Lock()
-        self._patch_lock = threading.Lock()
-        self._finish_lock = threading.Lock()
-        self._hooks.after_fork_in_child()
+        self._state.after_fork_in_child()
+        if self._updates is not None:
+            self._updates.after_fork_in_child()
+        self._finisher.after_fork_in_child()
         if self.mode == "online":
             os.environ.setdefault(ENV_RUN_ID, self.id)
 

@@ -13,6 +13,9 @@ is garbage.
 registry behind a single ``os.register_at_fork`` hook: the interpreter never
 forgets a registered hook, so one hook per object would grow memory and the
 time of every ``fork()`` with each object ever made.
+
+:func:`wait_event` and :func:`wait_slice` keep the main thread's waits short
+enough for a signal handler (a Ctrl-C, a SIGTERM) to run during them.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from typing import Any, Literal, TypeVar
 
 __all__ = [
     "DEFAULT_EXIT_TIMEOUT_S",
+    "SIGNAL_SLICE_S",
     "DaemonPool",
     "call_in_forked_child",
     "run_in_daemon",
     "start_daemon",
+    "wait_event",
+    "wait_slice",
 ]
 
 logger = logging.getLogger(__name__)
@@ -128,6 +134,27 @@ def run_in_daemon(target: Callable[[], Any], name: str) -> threading.Event:
     except RuntimeError:
         run()
     return done
+
+
+#: The longest the main thread blocks at once in :func:`wait_event`: a signal the kernel hands
+#: to another thread runs its Python handler only when the main thread wakes up.
+SIGNAL_SLICE_S = 0.2
+
+
+def wait_slice(remaining: float | None) -> float | None:
+    """How long to block at once: ``remaining``, but at most :data:`SIGNAL_SLICE_S` on the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return remaining
+    return SIGNAL_SLICE_S if remaining is None else min(remaining, SIGNAL_SLICE_S)
+
+
+def wait_event(event: threading.Event, timeout_s: float) -> bool:
+    """``event.wait(timeout_s)`` that lets the main thread handle a signal meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not event.wait(wait_slice(max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            return False
+    return True
 
 
 class DaemonPool(Executor):

@@ -97,9 +97,9 @@ def test_losses_after_the_first_are_counted_at_most_once_per_interval():
     console = Console(enabled=True, repeat_interval_s=30.0, clock=lambda: now[0], background=False)
     said: list[str] = []
     console.say = lambda message, *args, progress=False: said.append(message % args)  # type: ignore[method-assign]
-    console.heard("failed", "traces", "invalid_record", 1, "record 'x' (log_episodes call 1, item 0): boom")
-    console.heard("failed", "traces", "invalid_record", 4, None)
-    console.heard("dropped", None, "queue_full_records", 16, "log_episodes call 9 (16 records) dropped: full")
+    console.count_loss("failed", "traces", "invalid_record", 1, "record 'x' (log_episodes call 1, item 0): boom")
+    console.count_loss("failed", "traces", "invalid_record", 4, None)
+    console.count_loss("dropped", None, "queue_full_records", 16, "log_episodes call 9 (16 records) dropped: full")
     assert console._take_lines() == [
         "not stored, invalid_record: record 'x' (log_episodes call 1, item 0): boom",
         "log_episodes call 9 (16 records) dropped: full (queue_full_records)",

@@ -19,10 +19,11 @@ from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import segment_files
 from prime_runs._local.spool import RecordFiles
 from prime_runs._records.accounting import Accounting
-from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import RunStamp
+from prime_runs._records.sink import SinkStatus
+from prime_runs._records.size_meter import SizeMeter
 from prime_runs._sinks.disk import DiskSink
-from prime_runs._upload.queue import SizeMeter
 from prime_traces.server import LocalTracesService
 
 STAMP = RunStamp("run-9", "eval")

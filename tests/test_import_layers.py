@@ -1,4 +1,4 @@
-"""The modules of ``prime_traces`` import each other in layers, never in a cycle; so do those of ``prime_runs``.
+"""Each package's modules import each other in layers, never in a cycle, and never back up a stage.
 
 Every import statement counts wherever it stands: at module level, inside a
 function, or under ``if TYPE_CHECKING:``. A function-local import only
@@ -188,3 +188,87 @@ def test_layers_without_a_cycle_pass(tmp_path):
     graph = import_graph(modules_of(tmp_path / "pkg", "pkg"))
     assert graph["pkg"] == {"pkg._high"}
     assert cycles(graph) == []
+
+
+# Each package's stages, top first, in the order data flows through them: a module
+# imports modules of its own stage or of a stage below, never one above.
+PRIME_RUNS_STAGES: list[tuple[str, ...]] = [
+    ("prime_runs.cli",),  # the prime-runs command line, the demo and its workload
+    ("prime_runs",),  # the public face
+    ("prime_runs._start",),  # init(): the mode, the run created or attached, its pipeline
+    ("prime_runs.run",),  # Run
+    ("prime_runs._finish",),  # finish(), the exit hook, signals
+    ("prime_runs._history",),  # run.log(): the metrics history and its own lane
+    ("prime_runs._upload",),  # the queue and the upload worker
+    ("prime_runs._sinks",),  # the Traces service (with outages), a run directory
+    ("prime_runs._local",),  # the run directory: segments, run.json, the spool, sync
+    ("prime_runs._service",),  # the run on the service: its owner, state and updates
+    ("prime_runs._console",),  # the lines on stderr
+    ("prime_runs._records",),  # the sink contract, the ledger, accounting, reasons, lines
+    ("prime_runs.errors",),
+]
+PRIME_TRACES_STAGES: list[tuple[str, ...]] = [
+    ("prime_traces.cli", "prime_traces.cli_output"),  # the prime-traces command line
+    ("prime_traces",),  # the public face
+    ("prime_traces.client",),  # TracesClient
+    ("prime_traces._upload", "prime_traces.report"),  # batches, their requests, the window
+    ("prime_traces._api",),  # reads, runs, response models
+    ("prime_traces._http", "prime_traces.config"),  # transport, retries, redaction, settings
+    ("prime_traces.server",),  # the local service: shares only the line rules
+    ("prime_traces._lines", "prime_traces.encoding"),  # encoder, chunker, sizing, line rules
+    ("prime_traces.errors", "prime_traces.threads", "prime_traces.version"),
+]
+
+
+def stage_of(module: str, stages: list[tuple[str, ...]]) -> int | None:
+    """The index of the stage whose longest prefix names ``module``; None when none does.
+
+    A package's own name stands for its ``__init__`` alone, so that a new module
+    at its top is on no stage until it is given one.
+    """
+    best: tuple[int, int] | None = None
+    for index, prefixes in enumerate(stages):
+        for prefix in prefixes:
+            inside = "." in prefix and module.startswith(prefix + ".")
+            if (module == prefix or inside) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return best[0] if best is not None else None
+
+
+def imports_up(graph: Graph, stages: list[tuple[str, ...]]) -> list[str]:
+    """Every import of a module from a stage above its own, and every module on no stage."""
+    found = [f"{module} is on no stage" for module in sorted(graph) if stage_of(module, stages) is None]
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            here, there = stage_of(module, stages), stage_of(target, stages)
+            if here is not None and there is not None and there < here:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("package", "stages"),
+    [(prime_runs, PRIME_RUNS_STAGES), (prime_traces, PRIME_TRACES_STAGES)],
+    ids=["prime_runs", "prime_traces"],
+)
+def test_no_import_runs_back_up_a_stage(package, stages):
+    modules = modules_of(Path(package.__file__).parent, package.__name__)
+    assert imports_up(import_graph(modules), stages) == []
+    assert {stage_of(module, stages) for module in modules} == set(range(len(stages)))  # every stage is used
+
+
+def test_an_import_up_a_stage_and_a_module_on_none_are_named(tmp_path):
+    _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "",
+            "_top/__init__.py": "",
+            "_top/a.py": "from pkg._low import b\n",
+            "_low/__init__.py": "",
+            "_low/b.py": "def f():\n    from pkg._top import a\n",
+            "stray.py": "",
+        },
+    )
+    graph = import_graph(modules_of(tmp_path / "pkg", "pkg"))
+    stages = [("pkg",), ("pkg._top",), ("pkg._low",)]
+    assert imports_up(graph, stages) == ["pkg.stray is on no stage", "pkg._low.b -> pkg._top.a"]

@@ -7,11 +7,12 @@ from typing import Any
 
 from _run_helpers import KEY, episodes
 
-from prime_runs._records.ledger import SinkStatus
 from prime_runs._records.lines import RunStamp
+from prime_runs._records.sink import Sink, SinkStatus
 from prime_runs._sinks.traces import TracesSink
 from prime_runs._upload.lanes import Lane, Lanes
 from prime_runs._upload.queue import Write
+from prime_runs._upload.settings import WorkerSettings
 from prime_runs._upload.worker import UploadWorker
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
@@ -139,7 +140,7 @@ def test_the_worker_uploads_the_next_write_while_the_last_ones_final_batch_is_in
         run_id = client.create_run(name="lanes", kind="eval")["id"]
         sink = TracesSink(client, RunStamp(run_id, "eval"), {"source": "test"}, owns_client=True)
         # One write per take: each log_episodes() call is a write of its own.
-        worker = UploadWorker([sink], write_cap_bytes=1)
+        worker = UploadWorker([sink], WorkerSettings(write_cap_bytes=1))
         try:
             assert worker.submit(episodes("w", 1), line_format="episode")
             assert worker.flush(timeout_s=WAIT_S)  # the window has grown to two slots
@@ -160,7 +161,7 @@ def test_the_worker_uploads_the_next_write_while_the_last_ones_final_batch_is_in
         assert len(held) == 1
 
 
-class HeldSink:
+class HeldSink(Sink):
     """Says each write is encoded (unless told not to), then holds it until its gate opens."""
 
     def __init__(self, name: str = "held", *, says_encoded: bool = True, holds: bool = True) -> None:
@@ -193,7 +194,7 @@ class HeldSink:
 def test_a_tick_during_a_writes_tail_does_not_hold_up_the_next_write():
     sink = HeldSink()
     ticked = threading.Event()
-    worker = UploadWorker([sink], tick=ticked.set, tick_interval_s=0.05, write_cap_bytes=1)
+    worker = UploadWorker([sink], WorkerSettings(tick_interval_s=0.05, write_cap_bytes=1), tick=ticked.set)
     try:
         assert worker.submit([{"id": "a"}], line_format="trace")
         assert sink.wait_for("a")
@@ -213,7 +214,7 @@ def test_a_tick_during_a_writes_tail_does_not_hold_up_the_next_write():
 def test_only_the_last_sink_lets_the_next_write_start_early():
     first = HeldSink("first", holds=False)  # says encoded and is done at once
     last = HeldSink("last", says_encoded=False)  # holds every write: the next one must wait for it
-    worker = UploadWorker([first, last], write_cap_bytes=1)
+    worker = UploadWorker([first, last], WorkerSettings(write_cap_bytes=1))
     try:
         assert worker.submit([{"id": "a"}], line_format="trace")
         assert last.wait_for("a")
@@ -230,7 +231,7 @@ def test_only_the_last_sink_lets_the_next_write_start_early():
 
 def test_the_worker_takes_no_third_write_while_two_are_in_progress():
     sink = HeldSink()
-    worker = UploadWorker([sink], write_cap_bytes=1)
+    worker = UploadWorker([sink], WorkerSettings(write_cap_bytes=1))
     try:
         for record_id in ("a", "b"):
             assert worker.submit([{"id": record_id}], line_format="trace")

@@ -21,7 +21,7 @@ from test_traces_sink import (
     stored_ids,
 )
 
-from prime_runs._records.ledger import SinkStatus
+from prime_runs._records.sink import SinkStatus
 from prime_traces import TracesClient, UploadError
 from prime_traces.report import LineStatus
 from prime_traces.server import LocalTracesService

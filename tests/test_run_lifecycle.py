@@ -80,7 +80,7 @@ class _TricklingServer:
 
 def test_a_stalled_update_does_not_keep_the_status_from_being_recorded(service):
     run = online(service)
-    real_update = run._lifecycle.update_run
+    real_update = run._updates.client.update_run
     stalled, release = threading.Event(), threading.Event()
 
     def update(run_id, **fields):
@@ -90,7 +90,7 @@ def test_a_stalled_update_does_not_keep_the_status_from_being_recorded(service):
             raise TimeoutError("no answer")
         return real_update(run_id, **fields)
 
-    run._lifecycle.update_run = update
+    run._updates.client.update_run = update
     run.log({"loss": 0.5})
     ticker = threading.Thread(target=run.send_updates)
     ticker.start()
@@ -111,7 +111,7 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     run = online(service)
     assert run.log_episodes(episodes("e", 2)) and run.flush(FLUSH_TIMEOUT_S)
     trickle = _TricklingServer()
-    run._lifecycle = TracesClient(KEY, trickle.url)  # only the status request goes there
+    run._updates.client = TracesClient(KEY, trickle.url)  # only the status request goes there
     try:
         started = time.monotonic()
         run.finish(timeout_s=2.0)
@@ -120,7 +120,7 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     finally:
         trickle.stop.set()
         trickle.thread.join(GATE_TIMEOUT_S)
-        run._lifecycle.close()
+        run._updates.client.close()
     # The status request is given the time left, for its whole answer: it gives up at the deadline
     # (a read timeout alone would wait for the whole 10 s trickle).
     assert 2.0 <= elapsed < 2.0 + FINISH_MARGIN_S, elapsed
@@ -228,7 +228,7 @@ def test_a_second_run_in_the_same_process_is_a_new_run(service):
 def test_finish_from_two_threads_records_one_status(service, gate, caplog):
     run = online(service)
     # Only a finish() that lost the race for the finish lock waits on this event.
-    run._finished = NotedWaitEvent()
+    run._finisher.finished = NotedWaitEvent()
     assert run.log_episodes(episodes("e", 5))
     assert gate.entered.wait(GATE_TIMEOUT_S)  # the first finish will wait in flush
     done = {s: threading.Event() for s in ("completed", "failed")}
@@ -246,7 +246,7 @@ def test_finish_from_two_threads_records_one_status(service, gate, caplog):
     with caplog.at_level(logging.WARNING, logger="prime_runs"):
         for t in threads:
             t.start()
-        assert run._finished.waiting.wait(GATE_TIMEOUT_S)
+        assert run._finisher.finished.waiting.wait(GATE_TIMEOUT_S)
         # Neither returns while the first is still flushing: the second waits for it.
         assert not any(d.is_set() for d in done.values())
         gate.open()
@@ -416,7 +416,7 @@ def test_aflush_and_afinish_do_not_block_the_loop_and_survive_cancellation(servi
     asyncio.run(main())
     gate.open()
     assert run.flush(GATE_TIMEOUT_S)
-    assert run._finished.wait(GATE_TIMEOUT_S)  # the cancelled afinish went on in its thread
+    assert run._finisher.finished.wait(GATE_TIMEOUT_S)  # the cancelled afinish went on in its thread
     assert sorted(stored_episodes(service)) == sorted([*(f"a{i}" for i in range(5)), *(f"b{i}" for i in range(5))])
     assert get_run(service, run.id)["status"] == "completed"
     assert_buckets(run, submitted=10, stored=10)
@@ -459,7 +459,7 @@ def _child_body(run: Run, flush_timeout_s: float = GATE_TIMEOUT_S) -> dict[str, 
         "submitted": stats["submitted"],
         "stored": stats["sinks"]["traces"]["stored"],
         "failed": stats["sinks"]["traces"]["failed"],
-        "owner": run._owner,
+        "owner": run._finisher.owner,
         "run_id": os.environ.get("PRIME_RUN_ID"),
     }
 

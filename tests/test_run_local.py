@@ -75,7 +75,7 @@ def test_finish_says_what_it_kept_where_and_how_to_upload_it(isolated, tmp_path,
         with caplog.at_level(logging.WARNING, logger="prime_runs"):
             run.finish(timeout_s=1)
     where = str(Path(run.dir).resolve())
-    said = [r.getMessage() for r in caplog.records if r.name == "prime_runs.run"]
+    said = [r.getMessage() for r in caplog.records if r.name == "prime_runs._finish.finisher"]
     assert any(
         f"10 records were not delivered (deadline: 10) and are saved in {where}; upload them with: "
         f"prime-runs sync {where}" in m

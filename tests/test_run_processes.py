@@ -235,7 +235,7 @@ RANK1 = (
     + """
 run = prime_runs.init("ddp-rank1", kind="train")
 run.log_episodes(episodes("r1-", 3))
-print(run.id, run._owner)
+print(run.id, run._finisher.owner)
 # exits without finish(): the atexit hook must flush, and must not finish rank 0's run
 """
 )
@@ -359,7 +359,7 @@ CHILD = (
 run = prime_runs.init("eval-worker", kind="eval")
 run.log_episodes(episodes("child-", 3))
 run.finish(timeout_s=30)
-print(run.id, run._owner, flush=True)
+print(run.id, run._finisher.owner, flush=True)
 """
 )
 

@@ -123,7 +123,7 @@ def test_a_second_process_that_claims_a_live_run_logs_into_it_without_owning_it(
         "run = prime_runs.init('two', mode='offline', handle_signals=False, dir=sys.argv[1], id='shared-run')\n"
         "run.log_traces([{'id': 'from-second', 'timing': {'start': __import__('time').time()}}])\n"
         "run.finish()\n"
-        "print(run._run_file is None)\n"
+        "print(run._finisher.run_file is None)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script, str(isolated)],

@@ -177,7 +177,7 @@ import prime_runs._finish.exit_hooks
 run = prime_runs.init("native", finish_timeout_s=10)
 run.log_episodes(episodes("e", 5))  # held at the service until the signal is sent
 print(run.id, flush=True)
-while prime_runs._finish.exit_hooks._episode is None:  # training, in plain user code, until the signal
+while prime_runs._finish.exit_hooks._handling is None:  # training, in plain user code, until the signal
     sum(range(1000))
 print("back to training", flush=True)
 block_natively(int(os.environ["BLOCK_S"]))

@@ -326,13 +326,13 @@ def test_a_run_whose_process_died_is_listed_and_synced_as_crashed(isolated, serv
     run.flush()
     rundir = RunDirectory(run.dir)
     assert rundir.owner_alive()
-    run._run_file.rundir.release_owner_lock()  # what the kernel does when the process dies
+    run._finisher.run_file.rundir.release_owner_lock()  # what the kernel does when the process dies
     assert not rundir.owner_alive()
     code, out, _ = sync(capsys, service, run.dir)
     assert code == 0 and "status crashed" in out
     remote = get_run(service, run.id)
     assert remote["status"] == "crashed" and "ended without finishing" in remote["error"]
-    run._run_file = None  # the "dead" process finishing later changes nothing here
+    run._finisher.run_file = None  # the "dead" process finishing later changes nothing here
     run.finish()
 
 

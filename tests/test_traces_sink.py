@@ -16,8 +16,9 @@ import pytest
 from _wire import episode, trace
 
 from prime_runs._records.accounting import Accounting
-from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import RunStamp
+from prime_runs._records.sink import SinkStatus
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._sinks.traces import TracesSink
 from prime_traces import TracesClient

@@ -12,20 +12,22 @@ import pytest
 from _run_helpers import MARKER, episodes, stored_episodes
 
 import prime_runs
-from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import RunStamp
+from prime_runs._records.reasons import DEADLINE, SINK_RETIRED, WORKER_ERROR
+from prime_runs._records.sink import Sink, SinkStatus
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._sinks.traces import TracesSink
-from prime_runs._upload.delivery import DEADLINE, SINK_RETIRED
 from prime_runs._upload.queue import TAKE_WRITES_PER_HOLD, RecordQueue, write_cap_bytes
-from prime_runs._upload.worker import DEFAULT_WRITE_CAP_BYTES, WORKER_ERROR, UploadWorker
+from prime_runs._upload.settings import DEFAULT_WRITE_CAP_BYTES, WorkerSettings
+from prime_runs._upload.worker import UploadWorker
 from prime_runs.errors import SinkError
 from prime_traces import TracesClient
 
 GATE_TIMEOUT_S = 30.0
 
 
-class GatedSink:
+class GatedSink(Sink):
     """Stores records once its gate opens; ``entered`` is set when a write arrives."""
 
     def __init__(
@@ -97,7 +99,7 @@ def assert_buckets(
 
 def test_submit_never_waits_on_a_blocked_sink_and_counts_every_drop():
     sink = GatedSink()
-    worker = UploadWorker([sink], max_queued_records=100)
+    worker = UploadWorker([sink], WorkerSettings(max_queued_records=100))
     assert worker.submit([{"id": "first"}], line_format="trace")
     assert sink.entered.wait(GATE_TIMEOUT_S)  # the worker holds one write; the queue is empty
     slowest = 0.0
@@ -121,7 +123,7 @@ def test_submit_never_waits_on_a_blocked_sink_and_counts_every_drop():
 def test_a_write_larger_than_the_bound_fits_an_empty_queue():
     sink = GatedSink()
     sink.gate.set()
-    worker = UploadWorker([sink], max_queued_records=10)
+    worker = UploadWorker([sink], WorkerSettings(max_queued_records=10))
     assert worker.submit([{"id": str(i)} for i in range(50)], line_format="trace")
     assert worker.close(timeout_s=GATE_TIMEOUT_S)
     assert sink.writes == [50]
@@ -132,7 +134,7 @@ def test_the_queue_refuses_by_bytes_before_it_refuses_by_records():
     sink = GatedSink()
     meter = SizeMeter()
     meter.observe(1_000)  # the worker has measured records of 1 kB
-    worker = UploadWorker([sink], max_queued_records=1_000, max_queued_bytes=10_000, size_meter=meter)
+    worker = UploadWorker([sink], WorkerSettings(max_queued_records=1_000, max_queued_bytes=10_000), size_meter=meter)
     assert worker.submit([{"id": "holder"}], line_format="trace")
     assert sink.entered.wait(GATE_TIMEOUT_S)
     results = [worker.submit([{"id": f"r{i}"}], line_format="trace") for i in range(20)]
@@ -214,7 +216,7 @@ def test_a_sink_that_raises_loses_its_write_not_the_worker():
 @pytest.mark.parametrize("bad", [0, -1])
 def test_bad_limits_are_refused(bad):
     with pytest.raises(ValueError, match="max_queued_records"):
-        UploadWorker([GatedSink()], max_queued_records=bad)
+        UploadWorker([GatedSink()], WorkerSettings(max_queued_records=bad))
 
 
 def test_writes_waiting_together_reach_the_sink_as_one_per_line_format():
@@ -299,10 +301,10 @@ def test_the_worker_takes_writes_a_few_per_hold_of_the_queue_lock():
     worker = UploadWorker([GatedSink()])  # its thread never starts: the test takes as it would
     for i in range(200):
         assert worker._queue.put([{"id": f"t{i}"}], "trace")[0]
-    writes = worker._queue.take(float("inf"), 0, on_take=worker._claims.claim)
-    assert len(worker._claims) == 4  # one claim per hold, so close() sees each part as soon as it is taken
-    groups = worker._claims.regroup(writes)
-    assert [g.count for g in groups] == [200] and worker._claims.keys() == [groups[0].key]
+    writes = worker._queue.take(float("inf"), 0, on_take=worker._in_flight.claim)
+    assert len(worker._in_flight) == 4  # one claim per hold, so close() sees each part as soon as it is taken
+    groups = worker._in_flight.regroup(writes)
+    assert [g.count for g in groups] == [200] and worker._in_flight.keys() == [groups[0].key]
 
 
 def test_an_unexpected_error_in_the_worker_fails_its_write_and_the_worker_goes_on(caplog):
@@ -339,7 +341,9 @@ def test_the_byte_bound_holds_when_records_grow_tenfold_and_covers_records_in_fl
     sink = GatedSink()
     sink.gate.set()
     meter = SizeMeter()
-    worker = UploadWorker([sink], max_queued_records=10_000, max_queued_bytes=1_000_000, size_meter=meter)
+    worker = UploadWorker(
+        [sink], WorkerSettings(max_queued_records=10_000, max_queued_bytes=1_000_000), size_meter=meter
+    )
     for _ in range(500):  # a long run of small records: the estimate learns 1 kB
         meter.observe(1_000)
     assert worker.submit([{"id": f"small-{i}"} for i in range(100)], line_format="trace") and worker.flush(
@@ -390,6 +394,6 @@ def test_a_write_holds_up_to_four_batches_per_slot_within_a_quarter_of_the_queue
     assert DEFAULT_WRITE_CAP_BYTES == 512 * mib
     run = prime_runs.init("cap", mode="offline", dir=str(tmp_path), max_in_flight=2, max_queued_bytes=1024 * mib)
     try:
-        assert run._worker is not None and run._worker.write_cap_bytes == 240 * mib
+        assert run._worker is not None and run._worker.settings.write_cap_bytes == 240 * mib
     finally:
         run.finish()

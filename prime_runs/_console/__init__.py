@@ -1,0 +1,1 @@
+"""What a run says on stderr: the ``prime-runs:`` lines, progress, the finish summary."""

@@ -119,15 +119,15 @@ class _Tally:
 
 
 class Console:
-    """One run's console: lines now (``say``), and losses as they are heard (``heard``).
+    """One run's console: lines now (``say``), and losses as they are counted (``count_loss``).
 
-    ``heard`` is the accounting's listener: O(1), no I/O, callable from any
+    ``count_loss`` is the accounting's listener: O(1), no I/O, callable from any
     thread. A disabled console does nothing at all.
 
     Usage::
 
         console = Console(enabled=True, directory="prime-runs/r-1")
-        accounting.on_loss = console.heard
+        accounting.on_loss = console.count_loss
         console.close()
     """
 
@@ -179,7 +179,7 @@ class Console:
 
     # -- losses ---------------------------------------------------------------
 
-    def heard(self, kind: str, sink: str | None, reason: str, records: int, detail: str | None) -> None:
+    def count_loss(self, kind: str, sink: str | None, reason: str, records: int, detail: str | None) -> None:
         """Count a loss; the first of each reason is written at once by the console's thread."""
         if not self.enabled or sink == "local" or records <= 0:
             return

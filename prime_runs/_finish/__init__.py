@@ -1,0 +1,1 @@
+"""``finish()``: drained within its bound; the exit hook, SIGTERM / SIGINT, and a second Ctrl-C."""

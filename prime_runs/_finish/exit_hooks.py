@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prime_runs._finish import interrupt
-from prime_traces.threads import call_in_forked_child
+from prime_traces.threads import call_in_forked_child, wait_event
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ _LOGGING_DIR = os.path.dirname(os.path.realpath(logging.__file__)) + os.sep
 # GIL), and only the main thread (the handler, the exit hook) rebinds the rest.
 _live: list[ShutdownHooks] = []  # the runs a signal finishes
 _previous: dict[int, Any] = {}  # the default handler ours replaced, per signal
-_episode: _Episode | None = None  # the signal being handled
+_handling: _Handling | None = None  # the signal being handled
 _exiting = False  # the exit hook is ending the process by the signal
 _exit_finishing = False  # an exit hook is finishing a run on the main thread
 
@@ -173,11 +173,11 @@ class ShutdownHooks:
 
     def _at_exit(self) -> None:
         global _exit_finishing
-        episode = _episode
-        if episode is not None and self in episode.runs:
+        handling = _handling
+        if handling is not None and self in handling.runs:
             # A signal is finishing this run: wait for it rather than race it
             # to the finish (its status, not "crashed", is the one to record).
-            episode.wait()
+            handling.wait()
         _exit_finishing = True
         try:
             self._finish("crashed")
@@ -188,7 +188,7 @@ class ShutdownHooks:
         _end_by_signal_at_exit()
 
 
-class _Episode:
+class _Handling:
     """One signal being handled: the runs it finishes on helper threads, within a bound."""
 
     def __init__(self, signum: int, runs: list[ShutdownHooks], *, deliver_again: bool) -> None:
@@ -268,31 +268,31 @@ class _Episode:
 
     def wait(self) -> None:
         # In slices on the main thread: a second Ctrl-C must get its handler run (see interrupt).
-        interrupt.wait_event(self.done, max(0.0, self.deadline - time.monotonic()) + 0.5)
+        wait_event(self.done, max(0.0, self.deadline - time.monotonic()) + 0.5)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     """The handler of every run: finish them on helper threads; chain once they are done."""
-    global _episode
+    global _handling
     if _exiting:
         return  # the exit hook waits for the runs, then ends the process by the signal
-    episode = _episode
+    handling = _handling
     if (
-        episode is not None
-        and not episode.chained
-        and signum == episode.signum == signal.SIGINT
-        and not episode.done.is_set()
+        handling is not None
+        and not handling.chained
+        and signum == handling.signum == signal.SIGINT
+        and not handling.done.is_set()
         and not interrupt.stopping()
     ):
         # A second Ctrl-C while the runs are being finished: stop waiting, keep the rest on disk, end.
-        interrupt.stop_waiting(episode.runs, _deliver_again)
+        interrupt.stop_waiting(handling.runs, _deliver_again)
         return
-    if episode is not None and not episode.chained:
+    if handling is not None and not handling.chained:
         # Either the finisher delivered the signal again (the runs are done),
         # or a second signal came while they were being finished: chain now.
         # Another signal than the one being handled leaves that one pending.
-        if signum == episode.signum:
-            episode.chained = True
+        if signum == handling.signum:
+            handling.chained = True
         _chain(signum, frame)
         return
     runs = [hooks for hooks in list(_live) if hooks._live_run]
@@ -302,31 +302,31 @@ def _on_signal(signum: int, frame: Any) -> None:
     # A wrapper that called ours (it is not the installed handler) would run
     # again on a signal delivered again: wait here even under a lock (bounded).
     wait = signal.getsignal(signum) is not _on_signal or not _may_hold_a_lock(frame)
-    episode = _Episode(signum, runs, deliver_again=not wait)
-    _episode = episode
+    handling = _Handling(signum, runs, deliver_again=not wait)
+    _handling = handling
     # Last registered, so first to run: if the main thread gets to exit before
     # the signal is chained, the process still ends by the signal.
     atexit.unregister(_end_by_signal_at_exit)
     atexit.register(_end_by_signal_at_exit)
-    started = episode.start()
+    started = handling.start()
     if not started and _exit_finishing:
         # No thread can start (Python 3.12 at exit) and the signal interrupted the
         # exit hook's finish on this thread: that finish goes on, then the hook
         # ends the process by the signal. Chaining now would lose the status.
-        episode.done.set()
+        handling.done.set()
         return
     if started and not wait:
         return  # the helper delivers the signal again once the runs are finished
     if started:
         try:
-            episode.wait()
+            handling.wait()
         except BaseException:
             # Another signal chained during the wait (SIGINT: KeyboardInterrupt):
             # this one is left to the helper, or to the exit hook if it is done.
-            episode.deliver_again = True
+            handling.deliver_again = True
             raise
-    if not episode.chained:  # a second one of this signal during the wait chained it
-        episode.chained = True
+    if not handling.chained:  # a second one of this signal during the wait chained it
+        handling.chained = True
         _chain(signum, frame)
 
 
@@ -391,21 +391,21 @@ def _warn_bounded(message: str, *args: Any) -> None:
 
 def _end_by_signal_at_exit() -> None:
     global _exiting
-    episode = _episode
-    if episode is None or episode.chained:
+    handling = _handling
+    if handling is None or handling.chained:
         return
     _exiting = True
-    episode.wait()
-    for hooks in list(episode.unfinished):
+    handling.wait()
+    for hooks in list(handling.unfinished):
         # Registered last, this hook runs before the runs' own: finish here what the helper
         # has not yet (no thread of its own), or the process would end by the signal with it unfinished.
-        hooks._finish_on_signal(episode.status, time.monotonic() + hooks._timeout_s)
-    episode.chained = True
+        hooks._finish_on_signal(handling.status, time.monotonic() + hooks._timeout_s)
+    handling.chained = True
     try:
-        signal.signal(episode.signum, signal.SIG_DFL)
+        signal.signal(handling.signum, signal.SIG_DFL)
     except ValueError:  # not on the main thread: the process exits as it was about to
         return
-    os.kill(os.getpid(), episode.signum)
+    os.kill(os.getpid(), handling.signum)
 
 
 def _install_handler() -> None:
@@ -423,7 +423,7 @@ def _restore_if_idle() -> None:
     """Put the previous handlers back once no run needs ours (main thread only)."""
     if any(hooks._live_run for hooks in list(_live)):
         return
-    if _episode is not None and not _episode.chained:
+    if _handling is not None and not _handling.chained:
         return  # the signal being handled must still chain through ours
     for signum, previous in _previous.items():
         if signal.getsignal(signum) is _on_signal:
@@ -438,9 +438,9 @@ def _forget(hooks: ShutdownHooks) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _episode, _exiting, _exit_finishing
+    global _handling, _exiting, _exit_finishing
     # The parent's finisher threads do not exist in the child: it handles its own signals afresh.
-    _episode = None
+    _handling = None
     _exiting = False
     _exit_finishing = False
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import _thread
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,28 +29,8 @@ _STOP_MARGIN_S = 2.0
 # How long the main thread may take to handle the SIGINT sent to it (a native call may hold it off).
 _END_GRACE_S = 2.0
 
-# The longest the main thread blocks at once while finishing: a signal the kernel hands to
-# another thread runs its Python handler only when the main thread wakes up.
-SIGNAL_SLICE_S = 0.2
-
-# Read by the signal handler, written once: no lock (see _shutdown).
+# Read by the signal handler, written once: no lock (see exit_hooks).
 _stopping = False
-
-
-def wait_slice(remaining: float | None) -> float | None:
-    """How long to block at once: ``remaining``, but at most ``SIGNAL_SLICE_S`` on the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return remaining
-    return SIGNAL_SLICE_S if remaining is None else min(remaining, SIGNAL_SLICE_S)
-
-
-def wait_event(event: threading.Event, timeout_s: float) -> bool:
-    """``event.wait(timeout_s)`` that lets the main thread handle a Ctrl-C meanwhile."""
-    deadline = time.monotonic() + timeout_s
-    while not event.wait(wait_slice(max(0.0, deadline - time.monotonic()))):
-        if time.monotonic() >= deadline:
-            return False
-    return True
 
 
 def stopping() -> bool:

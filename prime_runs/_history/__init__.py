@@ -1,0 +1,1 @@
+"""``run.log()``: metric values, the history's own upload lane, sparklines."""

@@ -30,10 +30,9 @@ from typing import Any
 
 import orjson
 
-from prime_runs._finish.interrupt import wait_slice
 from prime_runs._local.segments import Frame, SegmentWriter
 from prime_traces.errors import APIError, RetryableAPIError
-from prime_traces.threads import call_in_forked_child, start_daemon
+from prime_traces.threads import call_in_forked_child, start_daemon, wait_slice
 
 logger = logging.getLogger(__name__)
 

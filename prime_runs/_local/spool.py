@@ -33,15 +33,14 @@ from prime_runs._local.segments import (
     SegmentWriter,
     frames_of,
 )
+from prime_runs._records import reasons
 from prime_runs._records.ledger import Ledger, Rejection, Undelivered
 from prime_runs._records.lines import EncodedWrite, RunStamp, as_mapping
 from prime_traces.encoding import LineParts
 
 logger = logging.getLogger(__name__)
 
-DISK_ERROR = "disk_error"
 #: The reason of records that could not even be spooled within ``spill_timeout_s``.
-SPILL_TIMEOUT = "spill_timeout"
 _REPR_CHARS = 10_000
 
 
@@ -85,7 +84,7 @@ class RecordFiles:
         """The record files (not the rejected ones) this process wrote here."""
         return [path for kind in DATA_KINDS for path in self._writers[kind].created]
 
-    def set_aside(self, records: Sequence[Any], line_format: str, rejections: Sequence[Rejection]) -> None:
+    def keep_rejected(self, records: Sequence[Any], line_format: str, rejections: Sequence[Rejection]) -> None:
         """Keep refused records, each wrapped with why, in ``rejected-*.jsonl.zst``; never raises."""
         if not rejections:
             return
@@ -106,7 +105,7 @@ class Spool:
     Usage::
 
         spool = Spool(RecordFiles("prime-runs/run-1"), RunStamp("run-1", "train"))
-        spool.spill(records, "episode", ledger, ledger.take_undelivered("deadline"), deadline)
+        spool.spill(records, "episode", ledger, ledger.take_undelivered(reasons.DEADLINE), deadline)
     """
 
     def __init__(self, files: RecordFiles, stamp: RunStamp | None) -> None:
@@ -147,13 +146,13 @@ class Spool:
                 # Only entries fsynced before a rollover stay; the rest was cut off again.
                 kept = sum(written[: getattr(err, "durable_frames", 0)])
                 ledger.spooled([group.indexes[encoded.line_records[j]] for j in range(kept)], group.reason)
-                ledger.failed(group.indexes, DISK_ERROR)
+                ledger.failed(group.indexes, reasons.DISK_ERROR)
                 logger.warning("could not spool %d records to %s: %s", len(group.indexes) - kept, self.directory, err)
                 spooled += kept
                 continue
             ledger.spooled([group.indexes[encoded.line_records[j]] for j in range(sum(written))], group.reason)
             spooled += sum(written)
-        self.set_aside(records, line_format, ledger)
+        self.keep_rejected(records, line_format, ledger)
         return spooled
 
     def _same_upload(self, lines: list[Any], group: Undelivered, encoded: EncodedWrite) -> bool:
@@ -172,9 +171,9 @@ class Spool:
         )
         return False
 
-    def set_aside(self, records: Sequence[Any], line_format: str, ledger: Ledger) -> None:
+    def keep_rejected(self, records: Sequence[Any], line_format: str, ledger: Ledger) -> None:
         """Keep the records ``ledger`` reports refused for their own fault (each once)."""
-        self.files.set_aside(records, line_format, ledger.take_rejections())
+        self.files.keep_rejected(records, line_format, ledger.take_rejections())
 
     def close(self) -> None:
         self.files.close()

@@ -33,7 +33,8 @@ import orjson
 from prime_runs._local.segment_reader import Entry, Scan, iter_entry_lines
 from prime_runs._local.segments import Frame, SegmentName, SegmentWriter
 from prime_runs._local.spool import rejected_entry
-from prime_runs._records.faults import RECORD, SIZE_CODES, TRANSIENT, describe, fault_of, rejection_reason
+from prime_runs._records import reasons
+from prime_runs._records.faults import RECORD, SIZE_CODES, TRANSIENT, fault_of, outcome_text, rejection_reason
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
 from prime_traces.errors import TraceTooLargeError, UploadError
 
@@ -284,7 +285,7 @@ class FileSync:
                 on_batch=on_batch,
             )
         except TraceTooLargeError as err:
-            self._set_aside(numbers[err.line_index], "rejected:trace_too_large", str(err))
+            self._keep_rejected(numbers[err.line_index], reasons.rejected("trace_too_large"), str(err))
             return
         except UploadError as err:
             self._settle(err, numbers)
@@ -294,7 +295,7 @@ class FileSync:
 
     def _settle(self, err: UploadError, numbers: list[int]) -> None:
         if isinstance(err.error, TraceTooLargeError):
-            self._set_aside(numbers[err.error.line_index], "rejected:trace_too_large", str(err.error))
+            self._keep_rejected(numbers[err.error.line_index], reasons.rejected("trace_too_large"), str(err.error))
             return
         failed = err.report.first_failure
         if failed is None:
@@ -303,17 +304,17 @@ class FileSync:
         if fault == TRANSIENT:
             raise SyncStopped(f"could not upload {self.path}: {failed.error}")
         if fault != RECORD:
-            raise SyncStopped(f"the service refused {self.path}: {describe(failed)}")
+            raise SyncStopped(f"the service refused {self.path}: {outcome_text(failed)}")
         batch = [numbers[j] for j in failed.line_indexes]
         if failed.rejected_line is not None and failed.code not in SIZE_CODES:
-            self._set_aside(numbers[failed.rejected_line], rejection_reason(failed), describe(failed))
+            self._keep_rejected(numbers[failed.rejected_line], rejection_reason(failed), outcome_text(failed))
         elif len(batch) == 1:
-            self._set_aside(batch[0], rejection_reason(failed), describe(failed))
+            self._keep_rejected(batch[0], rejection_reason(failed), outcome_text(failed))
         else:  # no line named: split the batch until the line is found
             self.p.cuts.add(batch[len(batch) // 2])
             self.save()
 
-    def _set_aside(self, number: int, reason: str, message: str) -> None:
+    def _keep_rejected(self, number: int, reason: str, message: str) -> None:
         line = self._line_at(number)
         try:
             record_id = orjson.loads(line).get("id")

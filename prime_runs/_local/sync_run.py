@@ -23,10 +23,10 @@ from prime_runs._local.rundir import RunDirectory, check_run_id
 from prime_runs._local.segment_reader import Scan, iter_entry_lines, scan
 from prime_runs._local.segments import REJECTED, SegmentWriter
 from prime_runs._local.sync_file import FileProgress, FileSync, OnProgress, SyncStopped
-from prime_runs._service.ownership import KINDS, describe
+from prime_runs._service.updates import describe_error
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces.client import MAX_METRIC_ROWS_PER_REQUEST, TERMINAL_STATUSES
+from prime_traces.client import MAX_METRIC_ROWS_PER_REQUEST, RUN_KINDS, TERMINAL_STATUSES
 from prime_traces.errors import PrimeTracesError, RunFinishedError
 
 logger = logging.getLogger(__name__)
@@ -90,14 +90,14 @@ def sync_run(
 def run_kind(rundir: RunDirectory, document: dict[str, Any] | None) -> str:
     """The run's kind: its ``run.json``, else the ``run.type`` stamped on its first record."""
     kind = (document or {}).get("kind")
-    if kind in KINDS:
+    if kind in RUN_KINDS:
         return str(kind)
     for path in rundir.data_segments():
         try:
             found = scan(path, verify_last=False)
             for _entry, lines in iter_entry_lines(path, found.entries[:1]):
                 stamped = orjson.loads(lines[0]).get("run", {}).get("type")
-                if stamped in KINDS:
+                if stamped in RUN_KINDS:
                     return str(stamped)
         except (OSError, ValueError, AttributeError, IndexError):
             continue
@@ -160,7 +160,7 @@ class _RunSync:
             if only is None and not self.report.errors:
                 self._sync_metrics()
         except (PrimeTracesError, PrimeRunsError) as err:
-            self.report.errors.append(f"the service at {self.url} failed: {describe(err)}")
+            self.report.errors.append(f"the service at {self.url} failed: {describe_error(err)}")
         finally:
             rejected.close()
             for sync in files:
@@ -231,7 +231,7 @@ class _RunSync:
             self.client.update_run(self.run_id, **update)
         except (PrimeTracesError, PrimeRunsError) as err:
             if not isinstance(err, RunFinishedError):
-                self.report.errors.append(f"could not record the run's status on {self.url}: {describe(err)}")
+                self.report.errors.append(f"could not record the run's status on {self.url}: {describe_error(err)}")
                 return
             logger.warning("run %s was already finished on %s with another status; it keeps it", self.run_id, self.url)
         self.mine["lifecycle_sent"] = digest

@@ -75,7 +75,7 @@ class Accounting:
             if latency_s > self._latency_max:
                 self._latency_max = latency_s
 
-    def _heard(self, kind: str, sink: str | None, reason: str, records: int, detail: str | None) -> None:
+    def _tell_loss(self, kind: str, sink: str | None, reason: str, records: int, detail: str | None) -> None:
         listener = self.on_loss
         if listener is not None:
             listener(kind, sink, reason, records, detail)
@@ -85,7 +85,7 @@ class Accounting:
             self.dropped[reason] += records
             if detail:
                 self.drop_details.setdefault(reason, detail)
-        self._heard("dropped", None, reason, records, detail)
+        self._tell_loss("dropped", None, reason, records, detail)
 
     def count_stored(self, sink: str, records: int, bytes_sent: int = 0) -> None:
         with self._lock:
@@ -100,13 +100,13 @@ class Accounting:
                 counts.failed[reason] += records
                 if detail:
                     counts.details.setdefault(reason, detail)
-            self._heard("failed", sink, reason, records, detail)
+            self._tell_loss("failed", sink, reason, records, detail)
 
     def count_spooled(self, sink: str, records: int, reason: str) -> None:
         if records:
             with self._lock:
                 self.sinks[sink].spooled[reason] += records
-            self._heard("spooled", sink, reason, records, None)
+            self._tell_loss("spooled", sink, reason, records, None)
 
     def count_resynced(self, sink: str, records: int, bytes_sent: int = 0) -> None:
         """``records`` spooled earlier are stored now: moved from ``spooled`` to ``stored``."""

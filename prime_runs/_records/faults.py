@@ -7,6 +7,7 @@ of the service alike.
 
 from __future__ import annotations
 
+from prime_runs._records import reasons
 from prime_traces.errors import APIError, RetryableAPIError
 from prime_traces.report import BatchOutcome, BatchStatus
 
@@ -28,9 +29,10 @@ SIZE_CODES = frozenset({"upload_too_large", "too_many_traces_in_upload"})
 # contract, but a proxy may send them for an oversized or odd body).
 CONTENT_STATUSES = frozenset({400, 413, 422})
 
+# Whose fault a failed upload is (fault_of).
 RECORD = "record"
 SINK = "sink"
-TRANSIENT = "transient"
+TRANSIENT = reasons.TRANSIENT
 
 
 def fault_of(outcome: BatchOutcome, *, server_error_is_record: bool = False) -> str:
@@ -55,30 +57,24 @@ def fault_of(outcome: BatchOutcome, *, server_error_is_record: bool = False) -> 
 
 def refusal_reason(outcome: BatchOutcome) -> str:
     """The reason of a refusal about the sink (the key, the scope), not about a record."""
-    if outcome.code:
-        return f"refused:{outcome.code}"
-    status = getattr(outcome.error, "status_code", None)
-    return f"refused:http_{status}" if status is not None else "refused"
+    return reasons.refused(outcome.code, getattr(outcome.error, "status_code", None))
 
 
 def rejection_reason(outcome: BatchOutcome) -> str:
     """The reason of a record the service refused for its own fault."""
-    if outcome.code:
-        return f"rejected:{outcome.code}"
-    status = getattr(outcome.error, "status_code", None)
-    return f"rejected:http_{status}" if status is not None else "rejected"
+    return reasons.rejected(outcome.code, getattr(outcome.error, "status_code", None))
 
 
 def listed_rejections(outcome: BatchOutcome) -> list[tuple[int, str, str]]:
     """``(input line, reason, detail)`` of every line the service listed as rejected (contract §9)."""
     listed = []
     for line, entry in sorted(outcome.rejected_lines.items()):
-        reason = f"rejected:{entry.code}" if entry.code else rejection_reason(outcome)
+        reason = reasons.rejected(entry.code) if entry.code else rejection_reason(outcome)
         listed.append((line, reason, f"HTTP 400 {entry.code or ''}: {entry.message}"))
     return listed
 
 
-def describe(outcome: BatchOutcome) -> str:
+def outcome_text(outcome: BatchOutcome) -> str:
     """The service's words, and the record they are about when it named one."""
     where = f" (record {outcome.record_id!r})" if outcome.record_id else ""
     return f"{outcome.error}{where}"

@@ -1,6 +1,6 @@
-"""What a sink is, and the ledger through which it accounts for a write.
+"""The ledger through which a sink accounts for each record of a write.
 
-A sink stores the records of one write somewhere (the Traces service, a
+A sink (:mod:`prime_runs._records.sink`) stores the records of one write somewhere (the Traces service, a
 local directory) and reports, record by record, what became of them into a
 :class:`Ledger`: stored; rejected for its own fault (kept aside on disk,
 never retried); failed for good; or undelivered, when the sink could not
@@ -17,24 +17,15 @@ reports later is ignored.
 from __future__ import annotations
 
 import bisect
-import enum
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from prime_runs._records.accounting import Accounting
 
 _OPEN, _SETTLED, _UNDELIVERED = 0, 1, 2
-
-
-class SinkStatus(str, enum.Enum):
-    """How a write went for a sink, as far as retiring the sink is concerned."""
-
-    OK = "ok"  # stored, or lost only to the records' own faults
-    TRANSIENT = "transient"  # the service failed (after retries): a strike
-    PERMANENT = "permanent"  # refused in a way no later request gets past (401/402/403/404): retire now
 
 
 @dataclass(frozen=True)
@@ -244,32 +235,3 @@ class Ledger:
     @property
     def closed(self) -> bool:
         return self._closed
-
-
-class Sink(Protocol):
-    """Where records go. ``write`` runs on the worker's threads.
-
-    One write at a time per sink, unless the sink calls ``ledger.encoded()``
-    (see :attr:`Ledger.on_encoded`): the worker may then hand it the next
-    write while the last one still waits for its uploads.
-    """
-
-    name: str
-
-    def write(
-        self,
-        records: Sequence[Any],
-        line_format: str,
-        ledger: Ledger,
-        cancel: threading.Event,
-    ) -> SinkStatus:
-        """Store ``records``, reporting each one (by its index) into ``ledger``.
-
-        Must return promptly once ``cancel`` is set (the deadline has come);
-        records it could not store by then are left for the worker to spool.
-        """
-        ...
-
-    def close(self) -> None:
-        """Release what the sink holds (connections, files). Must not block for long."""
-        ...

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from prime_runs._records import reasons
 from prime_runs._records.ledger import Ledger
 from prime_runs._records.size_meter import SizeMeter
 from prime_traces.encoding import (
@@ -29,9 +30,6 @@ from prime_traces.encoding import (
 )
 
 logger = logging.getLogger(__name__)
-
-INVALID_RECORD = "invalid_record"
-RECORD_TOO_LARGE = "record_too_large"
 
 
 def detect_line_format(records: Sequence[Any]) -> str:
@@ -146,16 +144,16 @@ class EncodedWrite:
                         self.check(mapping)
                     line = encode_record_parts(mapping, index)
             except LineError as err:
-                self._invalid(position, f"rejected:{err.code}", err.message, record_id)
+                self._invalid(position, reasons.rejected(err.code), err.message, record_id)
                 continue
             except BaseException as err:  # noqa: BLE001  (a user's to_record() may raise anything: it fails alone)
-                self._invalid(position, INVALID_RECORD, _cause(err, index), record_id or id_of(record))
+                self._invalid(position, reasons.INVALID_RECORD, _cause(err, index), record_id or id_of(record))
                 continue
             size = line_size(line)
             if size > MAX_LINE_BYTES:
                 self._invalid(
                     position,
-                    RECORD_TOO_LARGE,
+                    reasons.RECORD_TOO_LARGE,
                     f"{size} bytes encoded, over the limit of {MAX_LINE_BYTES} for one record",
                     record_id,
                 )

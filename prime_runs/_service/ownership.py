@@ -1,4 +1,4 @@
-"""The run's lifecycle on the service (contract §9) and how a process finds its run.
+"""Who owns a run, that is, creates it and records its terminal status; and how a process finds its run.
 
 Online, rank 0 (or a process with no ``RANK``) creates the run, or attaches
 to ``id`` when given, and exports ``PRIME_RUN_ID`` so that processes it
@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prime_runs.errors import PrimeRunsError
-from prime_traces.client import RUN_KINDS
-from prime_traces.errors import APIError, PrimeTracesError
 
 logger = logging.getLogger(__name__)
 
@@ -25,9 +23,6 @@ ENV_RUN_ID = "PRIME_RUN_ID"
 ENV_RANK = "RANK"
 #: ``1`` makes the process own the run it attaches to (a launcher that created it for rank 0); ``0`` never.
 ENV_OWNER = "PRIME_RUN_OWNER"
-ENV_MODE = "PRIME_RUNS_MODE"
-MODES = ("online", "offline", "disabled")
-KINDS = RUN_KINDS
 
 
 @dataclass(frozen=True)
@@ -95,24 +90,5 @@ def rank_info(
     return RankInfo(rank, rank in (None, 0) and not attaching, run_id)
 
 
-def resolve_mode(mode: str | None, *, online_configured: bool, environ: Mapping[str, str] | None = None) -> str:
-    """Argument, else ``PRIME_RUNS_MODE``, else online when a key or URL is configured."""
-    env = os.environ if environ is None else environ
-    chosen = mode or env.get(ENV_MODE) or ("online" if online_configured else "offline")
-    if chosen not in MODES:
-        source = "mode" if mode else ENV_MODE
-        raise ValueError(f"{source} must be one of {', '.join(MODES)}, not {chosen!r}")
-    return chosen
-
-
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
-
-
-def describe(err: BaseException) -> str:
-    """A short, key-free description of a lifecycle failure for a log line."""
-    if isinstance(err, APIError):
-        return f"HTTP {err.status_code} {err.code or ''}".strip()
-    if isinstance(err, PrimeTracesError):
-        return str(err)
-    return f"{type(err).__name__}: {err}"

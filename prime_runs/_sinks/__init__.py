@@ -1,0 +1,1 @@
+"""Where records go: the Traces service (outages included) and a run directory."""

@@ -19,16 +19,18 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prime_runs._local.segments import Frame, frames_of
-from prime_runs._local.spool import DISK_ERROR, RecordFiles, Spool
-from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._local.spool import RecordFiles, Spool
+from prime_runs._records import reasons
+from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import EncodedWrite, RunStamp
+from prime_runs._records.sink import Sink, SinkStatus
 from prime_runs._records.size_meter import SizeMeter
 from prime_traces.encoding import LineParts, check_record
 
 logger = logging.getLogger(__name__)
 
 
-class DiskSink:
+class DiskSink(Sink):
     """Writes each write's records to a :class:`RecordFiles` as segment entries.
 
     ``write`` runs on the worker's threads, one write at a time (it never
@@ -64,7 +66,7 @@ class DiskSink:
         self.meter = meter
         self.validate = validate
         #: Where the worker keeps what a deadline left unwritten: the same files.
-        self.spool = Spool(files, stamp)
+        self.spool: Spool = Spool(files, stamp)
 
     @property
     def directory(self) -> str:
@@ -87,13 +89,13 @@ class DiskSink:
             ledger.stored(encoded.line_records[: sum(n for n, _ in durable)], sum(size for _, size in durable))
             rejected = {position for position, _ in encoded.errors}
             lost = [i for i in range(len(records)) if i not in rejected]
-            ledger.failed(lost, DISK_ERROR)  # (the stored ones are no longer open: not counted twice)
+            ledger.failed(lost, reasons.DISK_ERROR)  # (the stored ones are no longer open: not counted twice)
             logger.warning("%s sink: records not written to %s: %s", self.name, self.directory, err)
-            self.spool.set_aside(records, line_format, ledger)
+            self.spool.keep_rejected(records, line_format, ledger)
             return SinkStatus.TRANSIENT
         lines = sum(count for count, _ in written)
         ledger.stored(encoded.line_records[:lines], sum(size for _, size in written))
-        self.spool.set_aside(records, line_format, ledger)
+        self.spool.keep_rejected(records, line_format, ledger)
         return SinkStatus.OK
 
     def close(self) -> None:

@@ -15,29 +15,26 @@ spools what is left undelivered or open to the run directory.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from prime_runs._local.spool import Spool
-from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import RunStamp
+from prime_runs._records.sink import OnResynced, Sink, SinkStatus
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._sinks.outage import Outage
-from prime_runs._sinks.traces_write import SinkWrite
+from prime_runs._sinks.traces_write import FailureWarnings, SinkWrite
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, DEFAULT_UPLOAD_ATTEMPTS, MAX_BATCH_BYTES, TracesClient
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TRANSIENT_FAILURES = 3
-#: At most one warning about records not stored per this many seconds; the rest go to debug.
-WARNING_INTERVAL_S = 60.0
 
 
-class TracesSink:
+class TracesSink(Sink):
     """Uploads each write to the Traces service, accounting for every record.
 
     ``write`` runs on one of the worker's threads. It blocks while it
@@ -90,14 +87,12 @@ class TracesSink:
         self.target_batch_bytes = target_batch_bytes
         self.max_transient_failures = max_transient_failures
         #: Where the worker keeps what this sink could not deliver (and what the service refused).
-        self.spool = spool
+        self.spool: Spool | None = spool
         #: With a spool, an outage sends writes to disk until the service is back (then uploads them).
         self.outage = Outage(client, spool) if spool is not None else None
         self.owns_client = owns_client
-        self._warned_at: float | None = None
-        self._suppressed = 0
-        #: Why the service refused this sink for good (set with a ``PERMANENT`` write).
-        self.permanent_refusal: str | None = None
+        #: Rate-limits the warnings about records not delivered, across this sink's writes.
+        self.warnings = FailureWarnings()
 
     def __repr__(self) -> str:
         return f"TracesSink(client={self.client!r}, stamp={self.stamp!r})"
@@ -105,6 +100,18 @@ class TracesSink:
     def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
         """Upload ``records``, reporting each into ``ledger``; ``TRANSIENT`` is a strike."""
         return SinkWrite(self, records, line_format, ledger, cancel).run()
+
+    def count_resynced(self, on_resynced: OnResynced) -> None:
+        if self.outage is not None:
+            self.outage.on_resynced = on_resynced
+
+    def wait_for_resync(self, deadline: float | None) -> None:
+        if self.outage is not None:
+            self.outage.wait_for_resync(deadline)
+
+    def stop_waiting(self) -> None:
+        if self.outage is not None:
+            self.outage.close()
 
     def stats(self) -> dict[str, Any]:
         """The client's in-flight window and refusals, and whether the service is down."""
@@ -120,31 +127,3 @@ class TracesSink:
             self.client.close()
         if self.spool is not None:
             self.spool.close()
-
-    def _warn_failures(self, records: int, failures: collections.Counter[str], sample: str | None) -> None:
-        # One warning per write would flood a long run that logs a bad record every step.
-        now = time.monotonic()
-        if self._warned_at is not None and now - self._warned_at < WARNING_INTERVAL_S:
-            self._suppressed += 1
-            level = logging.DEBUG
-        else:
-            level = logging.WARNING
-        if not logger.isEnabledFor(level):
-            return
-        suppressed = ""
-        if level == logging.WARNING:
-            self._warned_at = now
-            if self._suppressed:
-                suppressed = f" ({self._suppressed} similar writes since the last warning)"
-                self._suppressed = 0
-        reasons = ", ".join(f"{r}: {n}" for r, n in failures.items())
-        first = f"; first: {sample}" if sample else ""
-        logger.log(
-            level,
-            "traces sink: %d of %d records not delivered (%s)%s%s",
-            sum(failures.values()),
-            records,
-            reasons,
-            first,
-            suppressed,
-        )

@@ -62,18 +62,20 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from prime_runs._records import reasons
 from prime_runs._records.faults import (
     SINK,
     SIZE_CODES,
     TRANSIENT,
-    describe,
     fault_of,
     listed_rejections,
+    outcome_text,
     refusal_reason,
     rejection_reason,
 )
-from prime_runs._records.ledger import Ledger, SinkStatus
+from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import EncodedWrite, RunStamp, id_of
+from prime_runs._records.sink import SinkStatus
 from prime_traces.encoding import check_record
 from prime_traces.errors import UploadError
 from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
@@ -85,11 +87,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Sent, but the deadline came before the answer (or before the retries ended).
-DEADLINE = "deadline"
-SINK_ERROR = "sink_error"
-#: Not sent: the service was down (kept on disk, uploaded when it is back).
-OUTAGE = "outage"
+#: At most one warning about records not stored per this many seconds; the rest go to debug.
+WARNING_INTERVAL_S = 60.0
 #: Refusals that no later request can get past: the sink retires at once.
 PERMANENT_STATUSES = frozenset({401, 402, 403, 404})
 
@@ -102,6 +101,45 @@ def _then(lines: Iterable[Any], call: Callable[[], Any]) -> Iterator[Any]:
     """``lines``, then ``call()`` once they ran out (not when the upload stops pulling before)."""
     yield from lines
     call()
+
+
+class FailureWarnings:
+    """At most one warning about records not delivered per ``interval_s``; the rest go to debug.
+
+    One warning per write would flood a long run that logs a bad record every step.
+    """
+
+    def __init__(self, interval_s: float = WARNING_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._warned_at: float | None = None
+        self._suppressed = 0
+
+    def warn(self, records: int, failures: collections.Counter[str], sample: str | None) -> None:
+        now = time.monotonic()
+        if self._warned_at is not None and now - self._warned_at < self.interval_s:
+            self._suppressed += 1
+            level = logging.DEBUG
+        else:
+            level = logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
+        suppressed = ""
+        if level == logging.WARNING:
+            self._warned_at = now
+            if self._suppressed:
+                suppressed = f" ({self._suppressed} similar writes since the last warning)"
+                self._suppressed = 0
+        why = ", ".join(f"{r}: {n}" for r, n in failures.items())
+        first = f"; first: {sample}" if sample else ""
+        logger.log(
+            level,
+            "traces sink: %d of %d records not delivered (%s)%s%s",
+            sum(failures.values()),
+            records,
+            why,
+            first,
+            suppressed,
+        )
 
 
 class UploadSink(Protocol):
@@ -117,8 +155,7 @@ class UploadSink(Protocol):
     outage: Outage | None
     #: Set by a write refused for good.
     permanent_refusal: str | None
-
-    def _warn_failures(self, records: int, failures: collections.Counter[str], sample: str | None) -> None: ...
+    warnings: FailureWarnings
 
 
 class SinkWrite:
@@ -152,7 +189,7 @@ class SinkWrite:
                 self._wait_out_outage()
                 break
             if self.transient_in_row >= self.sink.max_transient_failures:
-                self._undeliver([i for g in self.groups for i in g], TRANSIENT)
+                self._undeliver([i for g in self.groups for i in g], reasons.TRANSIENT)
                 self.groups.clear()
                 break
             group = self.groups.popleft()
@@ -162,7 +199,7 @@ class SinkWrite:
             if group:
                 self._send(group)
         if self.failures:
-            self.sink._warn_failures(len(self.records), self.failures, self.sample)
+            self.sink.warnings.warn(len(self.records), self.failures, self.sample)
         return self.status
 
     def _reject(self, index: int, reason: str, detail: str) -> None:
@@ -183,7 +220,7 @@ class SinkWrite:
 
     def _wait_out_outage(self) -> None:
         # Not sent, not a failure: the worker spools them; they go up when the service is back.
-        self.ledger.undelivered([i for g in self.groups for i in g], OUTAGE)
+        self.ledger.undelivered([i for g in self.groups for i in g], reasons.OUTAGE)
         self.groups.clear()
 
     def _strike(self, reason: str) -> None:
@@ -228,7 +265,7 @@ class SinkWrite:
             # Not a record's fault (EncodedWrite absorbs those) and not an
             # upload's (a closed client, a bug): nothing more of this write can be sent.
             logger.warning("traces sink: write failed: %r", err, exc_info=True)
-            reason = f"{SINK_ERROR}:{type(err).__name__}"  # as the worker names a sink's crash
+            reason = reasons.crash(reasons.SINK_ERROR, err)  # as the worker names a sink's crash
             rejected = {position for position, _ in encoded.errors}
             left = [i for p, i in enumerate(group) if p not in rejected] + [i for g in self.groups for i in g]
             self._undeliver(left, reason, repr(err))
@@ -274,7 +311,7 @@ class SinkWrite:
             if kind == TRANSIENT:
                 # Sent, fate unknown (the answer never came, or retries ran out or were cut
                 # short): kept as this very batch, so a later sync replays it if it was stored.
-                reason = DEADLINE if cancelled else TRANSIENT
+                reason = reasons.DEADLINE if cancelled else reasons.TRANSIENT
                 self._undeliver(
                     [group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True, key=outcome.key
                 )
@@ -291,12 +328,12 @@ class SinkWrite:
                 resend += [p for p in batch if p not in bad_lines]
             elif outcome.rejected_line is not None and outcome.code not in SIZE_CODES:
                 bad = positions[outcome.rejected_line]
-                self._reject(group[bad], rejection_reason(outcome), describe(outcome))
+                self._reject(group[bad], rejection_reason(outcome), outcome_text(outcome))
                 resend += [p for p in batch if p != bad]
                 # The lines before it passed; how many is a guess of how far the next bad one is.
                 self.probe = max(1, batch.index(bad))
             elif len(batch) == 1:
-                self._reject(group[batch[0]], rejection_reason(outcome), describe(outcome))
+                self._reject(group[batch[0]], rejection_reason(outcome), outcome_text(outcome))
             else:
                 half = len(batch) // 2
                 splits += [batch[:half], batch[half:]]
@@ -308,13 +345,13 @@ class SinkWrite:
             left = refused + resend + [p for s in splits for p in s]
             reason = refusal_reason(sink_refusal)
             self._undeliver(
-                [group[p] for p in left] + [i for g in self.groups for i in g], reason, describe(sink_refusal)
+                [group[p] for p in left] + [i for g in self.groups for i in g], reason, outcome_text(sink_refusal)
             )
             self.groups.clear()
             self._strike(reason)
             if getattr(sink_refusal.error, "status_code", None) in PERMANENT_STATUSES:
                 self.status = SinkStatus.PERMANENT
-                self.sink.permanent_refusal = f"{reason}: {describe(sink_refusal)}"
+                self.sink.permanent_refusal = f"{reason}: {outcome_text(sink_refusal)}"
             return
         if transient and self.sink.outage is not None:
             # The service failed for good: the rest of the write waits on disk, not in a retry cycle
@@ -324,7 +361,7 @@ class SinkWrite:
             self._wait_out_outage()
             return
         if transient:
-            self._strike(TRANSIENT)
+            self._strike(reasons.TRANSIENT)
         if committed:
             self.transient_in_row = 0
         elif transient:
@@ -333,8 +370,8 @@ class SinkWrite:
             return
         if resend and not report.batches:
             # No batch went out and no record is to blame: resending would loop.
-            self._undeliver([group[p] for p in resend], SINK_ERROR, "upload stopped before sending anything")
-            self._strike(SINK_ERROR)
+            self._undeliver([group[p] for p in resend], reasons.SINK_ERROR, "upload stopped before sending anything")
+            self._strike(reasons.SINK_ERROR)
             resend = []
         # Halves first, so a bad record is isolated before the rest moves on.
         follow = [[group[p] for p in s] for s in splits]

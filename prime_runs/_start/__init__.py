@@ -1,0 +1,1 @@
+"""``init()``: the mode, the run created or attached, its pipeline assembled."""

@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prime_runs._console.console import CONSOLE_CHOICES, Console, console_on
@@ -15,27 +16,25 @@ from prime_runs._local.rundir import RunDirectory, check_run_id, runs_root
 from prime_runs._local.segments import METRICS
 from prime_runs._local.spool import RecordFiles, Spool
 from prime_runs._records.lines import RunStamp
+from prime_runs._records.sink import Sink
 from prime_runs._records.size_meter import SizeMeter
-from prime_runs._service.ownership import (
-    KINDS,
-    RankInfo,
-    describe,
-    export_run_id,
-    new_run_id,
-    rank_info,
-    resolve_mode,
-)
+from prime_runs._service.ownership import RankInfo, export_run_id, new_run_id, rank_info
+from prime_runs._service.state import RunState
+from prime_runs._service.updates import RunUpdates, describe_error
 from prime_runs._sinks.disk import DiskSink
 from prime_runs._upload.queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, write_cap_bytes
+from prime_runs._upload.settings import DEFAULT_SPILL_TIMEOUT_S, WorkerSettings
 from prime_runs._upload.switch_interval import DEFAULT_SWITCH_INTERVAL_S
-from prime_runs._upload.worker import DEFAULT_SPILL_TIMEOUT_S
 from prime_runs.errors import PrimeRunsError
 from prime_runs.run import ON_ERROR, Run
-from prime_traces.client import COMPRESSION_CHOICES, MAX_IN_FLIGHT_LIMIT, TracesClient
-from prime_traces.config import DEFAULT_BASE_URL, resolve_config
+from prime_traces.client import COMPRESSION_CHOICES, MAX_IN_FLIGHT_LIMIT, RUN_KINDS, TracesClient
+from prime_traces.config import DEFAULT_BASE_URL, ClientConfig, resolve_config
 
 logger = logging.getLogger(__name__)
 
+ENV_MODE = "PRIME_RUNS_MODE"
+MODES = ("online", "offline", "disabled")
+KINDS = RUN_KINDS
 DEFAULT_FINISH_TIMEOUT_S = 60.0
 #: How often config and summary changes are sent (and written to run.json) while the run goes on.
 UPDATE_INTERVAL_S = 10.0
@@ -121,19 +120,19 @@ def init(
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     if finish_timeout_s < 0:
         raise ValueError(f"finish_timeout_s must be at least 0, not {finish_timeout_s}")
-    if spill_timeout_s < 0:
-        raise ValueError(f"spill_timeout_s must be at least 0, not {spill_timeout_s}")
     # Everything is checked before anything is created on the service.
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
-    if switch_interval_s is not None and not switch_interval_s > 0:
-        raise ValueError(f"switch_interval_s must be greater than 0 or None, not {switch_interval_s}")
-    if max_queued_records < 1:
-        raise ValueError(f"max_queued_records must be greater than 0, not {max_queued_records}")
-    if max_queued_bytes < 1:
-        raise ValueError(f"max_queued_bytes must be greater than 0, not {max_queued_bytes}")
     if not 1 <= max_in_flight <= MAX_IN_FLIGHT_LIMIT:
         raise ValueError(f"max_in_flight must be between 1 and {MAX_IN_FLIGHT_LIMIT}, not {max_in_flight}")
+    worker_settings = WorkerSettings(
+        max_queued_records=max_queued_records,
+        max_queued_bytes=max_queued_bytes,
+        write_cap_bytes=write_cap_bytes(max_in_flight, max_queued_bytes),
+        spill_timeout_s=spill_timeout_s,
+        tick_interval_s=UPDATE_INTERVAL_S,
+        switch_interval_s=switch_interval_s,
+    )
     if compression not in COMPRESSION_CHOICES:
         raise ValueError(f"compression must be one of {', '.join(COMPRESSION_CHOICES)}, not {compression!r}")
     if console is not None and console not in CONSOLE_CHOICES:
@@ -141,39 +140,58 @@ def init(
     settings = resolve_config(api_key, base_url, team_id)
     configured = bool(settings.api_key) or settings.base_url != DEFAULT_BASE_URL
     chosen = resolve_mode(mode, online_configured=configured)
-    common: dict[str, Any] = dict(
-        name=name,
-        kind=kind,
-        mode=chosen,
-        config=dict(config or {}),
-        tags=list(tags or []),
-        on_error=on_error,
-        finish_timeout_s=finish_timeout_s,
-        handle_signals=handle_signals,
-    )
     if chosen == "disabled":
         console_on(console, mode=chosen, owner=False)  # a bad PRIME_RUNS_CONSOLE is an error in every mode
-        return Run(run_id=id or "disabled", url=None, sinks=None, lifecycle=None, owner=False, **common)
+        return Run(
+            run_id=id or "disabled",
+            name=name,
+            kind=kind,
+            mode=chosen,
+            url=None,
+            state=RunState(id or "disabled", config or {}),
+            owner=False,
+            on_error=on_error,
+            finish_timeout_s=finish_timeout_s,
+            handle_signals=handle_signals,
+            console=Console(enabled=False),
+            tags=list(tags or []),
+        )
     ranks = rank_info(id, owner=owner)
-    common["console"] = Console(enabled=console_on(console, mode=chosen, owner=ranks.owner))
+    console_enabled = console_on(console, mode=chosen, owner=ranks.owner)
     if ranks.run_id is not None:
         check_run_id(ranks.run_id, "id=" if id else "PRIME_RUN_ID")
     meter = SizeMeter()
-    worker_options: dict[str, Any] = dict(
-        max_queued_records=max_queued_records,
-        max_queued_bytes=max_queued_bytes,
-        size_meter=meter,
-        write_cap_bytes=write_cap_bytes(max_in_flight, max_queued_bytes),
-        spill_timeout_s=spill_timeout_s,
-        tick_interval_s=UPDATE_INTERVAL_S,
-        switch_interval_s=switch_interval_s,
-    )
     root = os.path.abspath(runs_root(dir))  # a chdir after init() must not move where the run writes
     if chosen == "offline":
-        run = _offline(root, ranks, meter, worker_options, common)
+        parts = _offline(root, ranks, kind, name, meter)
     else:
-        run = _online(settings, root, ranks, meter, worker_options, common, max_in_flight, compression, save_local)
-    run.console.directory = run.dir
+        parts = _online(settings, root, ranks, kind, name, config, tags, meter, max_in_flight, compression, save_local)
+    state = RunState(parts.run_id, config or {})
+    run = Run(
+        run_id=parts.run_id,
+        name=parts.name,
+        kind=kind,
+        mode=chosen,
+        url=parts.url,
+        state=state,
+        owner=ranks.owner,
+        on_error=on_error,
+        finish_timeout_s=finish_timeout_s,
+        handle_signals=handle_signals,
+        console=Console(enabled=console_enabled, directory=parts.rundir.path),
+        sinks=parts.sinks,
+        worker_settings=worker_settings,
+        size_meter=meter,
+        updates=RunUpdates(state, parts.client) if parts.client is not None else None,
+        metrics=parts.metrics,
+        tags=list(tags or []),
+        rundir=parts.rundir,
+        service_url=parts.service_url,
+    )
+    if chosen == "online":
+        parts.files.on_first_write = run._directory_needed
+    if chosen == "offline" or save_local:
+        run._keep_locally()
     run.console.say(
         "%s",
         destination_line(
@@ -181,13 +199,39 @@ def init(
             run_id=run.id,
             mode=run.mode,
             owner=ranks.owner,
-            service_url=run._service_url,
+            service_url=parts.service_url,
             url=run.url,
             directory=run.dir,
             save_local=save_local,
         ),
     )
     return run
+
+
+def resolve_mode(mode: str | None, *, online_configured: bool, environ: Mapping[str, str] | None = None) -> str:
+    """Argument, else ``PRIME_RUNS_MODE``, else online when a key or URL is configured."""
+    env = os.environ if environ is None else environ
+    chosen = mode or env.get(ENV_MODE) or ("online" if online_configured else "offline")
+    if chosen not in MODES:
+        source = "mode" if mode else ENV_MODE
+        raise ValueError(f"{source} must be one of {', '.join(MODES)}, not {chosen!r}")
+    return chosen
+
+
+@dataclass
+class _Parts:
+    """What a mode assembles for its run: where it is, where its records and rows go."""
+
+    run_id: str
+    name: str | None
+    rundir: RunDirectory
+    files: RecordFiles
+    sinks: list[Sink]
+    metrics: MetricsLane
+    url: str | None = None
+    service_url: str | None = None
+    #: The client that creates and updates the run on the service (online only).
+    client: TracesClient | None = None
 
 
 def _open_directory(root: str, run_id: str) -> RunDirectory:
@@ -197,40 +241,33 @@ def _open_directory(root: str, run_id: str) -> RunDirectory:
     return rundir
 
 
-def _offline(
-    root: str, ranks: RankInfo, meter: SizeMeter, worker_options: dict[str, Any], common: dict[str, Any]
-) -> Run:
+def _offline(root: str, ranks: RankInfo, kind: str, name: str | None, meter: SizeMeter) -> _Parts:
     run_id = ranks.run_id or new_run_id()
     rundir = _open_directory(root, run_id)
-    stamp = RunStamp(run_id, common["kind"])
     files = RecordFiles(rundir.path)
-    metrics = MetricsLane(send=None, writer=functools.partial(files.writer, METRICS))
-    run = Run(
+    return _Parts(
         run_id=run_id,
-        url=None,
-        sinks=[DiskSink(files, stamp, meter)],
-        worker_options=worker_options,
-        lifecycle=None,
-        owner=ranks.owner,
+        name=name,
         rundir=rundir,
-        metrics=metrics,
-        **common,
+        files=files,
+        sinks=[DiskSink(files, RunStamp(run_id, kind), meter)],
+        metrics=MetricsLane(send=None, writer=functools.partial(files.writer, METRICS)),
     )
-    run._keep_locally()
-    return run
 
 
 def _online(
-    settings: Any,
+    settings: ClientConfig,
     root: str,
     ranks: RankInfo,
+    kind: str,
+    name: str | None,
+    config: Mapping[str, Any] | None,
+    tags: list[str] | None,
     meter: SizeMeter,
-    worker_options: dict[str, Any],
-    common: dict[str, Any],
     max_in_flight: int,
     compression: str,
     save_local: bool,
-) -> Run:
+) -> _Parts:
     from prime_runs._sinks.traces import TracesSink
 
     client = TracesClient(
@@ -246,7 +283,7 @@ def _online(
     if ranks.owner:
         try:
             payload = client.create_run(
-                common["name"], kind=common["kind"], config=common["config"], tags=common["tags"], run_id=run_id
+                name, kind=kind, config=dict(config or {}), tags=list(tags or []), run_id=run_id
             )
             run_id = check_run_id(str(payload.get("id") or run_id), f"the service at {settings.base_url}")
         except Exception as err:
@@ -254,20 +291,20 @@ def _online(
             if isinstance(err, PrimeRunsError):
                 raise
             raise PrimeRunsError(
-                f"could not create the run on {settings.base_url} ({describe(err)}); check PRIME_API_KEY "
+                f"could not create the run on {settings.base_url} ({describe_error(err)}); check PRIME_API_KEY "
                 "and PRIME_TRACES_URL, or pass mode='offline' to log to disk"
             ) from err
         url = payload.get("url")
-        common["name"] = payload.get("name", common["name"])
+        name = payload.get("name", name)
         # Processes this one starts (other ranks, eval workers) log into the same run.
         export_run_id(run_id)
     assert run_id is not None
     rundir = _open_directory(root, run_id)
-    stamp = RunStamp(run_id, common["kind"])
-    context = {"source": "prime-runs", "run_type": common["kind"]}
+    stamp = RunStamp(run_id, kind)
+    context = {"source": "prime-runs", "run_type": kind}
     files = RecordFiles(rundir.path)
     sink = TracesSink(client, stamp=stamp, context=context, meter=meter, owns_client=True, spool=Spool(files, stamp))
-    sinks: list[Any] = [sink]
+    sinks: list[Sink] = [sink]
     if save_local:
         sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
     # Its own client (sessions, connections), closed by the lane: metrics never wait behind the episodes' requests.
@@ -277,19 +314,14 @@ def _online(
         writer=functools.partial(files.writer, METRICS),
         on_closed=metrics_client.close,
     )
-    run = Run(
+    return _Parts(
         run_id=run_id,
-        url=url,
-        sinks=sinks,
-        worker_options=worker_options,
-        lifecycle=client,
-        owner=ranks.owner,
+        name=name,
         rundir=rundir,
-        service_url=settings.base_url,
+        files=files,
+        sinks=sinks,
         metrics=metrics,
-        **common,
+        url=url,
+        service_url=settings.base_url,
+        client=client if ranks.owner else None,
     )
-    files.on_first_write = run._directory_needed
-    if save_local:
-        run._keep_locally()
-    return run

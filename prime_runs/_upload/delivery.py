@@ -17,17 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prime_runs._local.spool import SPILL_TIMEOUT, Spool
-from prime_runs._records.ledger import Ledger, Origins, Sink, SinkStatus
+from prime_runs._records import reasons
+from prime_runs._records.ledger import Ledger, Origins
+from prime_runs._records.sink import Sink, SinkStatus
 from prime_runs._upload.queue import Write
 from prime_runs.errors import SinkError
 
 logger = logging.getLogger(__name__)
 
 STRIKES_TO_RETIRE = 3
-SINK_RETIRED = "sink_retired"
-DEADLINE = "deadline"
-SINK_INCOMPLETE = "sink_incomplete"
 
 
 @dataclass
@@ -56,11 +54,6 @@ class Group:
         return groups
 
 
-def spool_of(sink: Sink) -> Spool | None:
-    """The spool that keeps what ``sink`` could not deliver, if it has one."""
-    return getattr(sink, "spool", None)
-
-
 class Delivery:
     """Hands groups of records to the sinks and settles each record's outcome (worker threads only).
 
@@ -84,29 +77,29 @@ class Delivery:
         for sink, ledger in zip(self.sinks, ledgers):
             status = None
             if sink.name in self.retired:
-                reason = SINK_RETIRED
+                reason = reasons.SINK_RETIRED
             elif self.cancel.is_set():
-                reason = DEADLINE
+                reason = reasons.DEADLINE
             else:
                 try:
                     status = sink.write(records, line_format, ledger, self.cancel)
                 except Exception as err:  # a broken sink loses its write, not the worker
                     logger.warning("sink %s failed on a write of %d records", sink.name, len(records), exc_info=True)
-                    ledger.undelivered(range(len(records)), f"sink_error:{type(err).__name__}")
+                    ledger.undelivered(range(len(records)), reasons.crash(reasons.SINK_ERROR, err))
                     status = SinkStatus.TRANSIENT
-                reason = DEADLINE if self.cancel.is_set() else SINK_INCOMPLETE
+                reason = reasons.DEADLINE if self.cancel.is_set() else reasons.SINK_INCOMPLETE
             self.keep(sink, records, line_format, ledger, reason)
             if status is not None:
                 self._after_write(sink, ledger, status)
 
     def keep(self, sink: Sink, records: Sequence[Any], line_format: str, ledger: Ledger, reason: str) -> None:
         """Spool what ``sink`` left undelivered (open records as ``reason``), set aside what it refused."""
-        spool = spool_of(sink)
+        spool = sink.spool
         if spool is None:
             ledger.close(reason)
             return
         groups = ledger.take_undelivered(reason)
-        lost = SPILL_TIMEOUT
+        lost = reasons.SPILL_TIMEOUT
         if groups:
             spooled = 0
             try:
@@ -118,7 +111,7 @@ class Delivery:
                     spool.directory,
                     exc_info=True,
                 )
-                lost = f"spool_error:{type(err).__name__}"
+                lost = reasons.crash(reasons.SPOOL_ERROR, err)
             with self._lock:
                 first = bool(spooled) and sink.name not in self._spool_noted
                 if first:
@@ -133,22 +126,22 @@ class Delivery:
                     spool.directory,
                 )
         else:
-            spool.set_aside(records, line_format, ledger)
+            spool.keep_rejected(records, line_format, ledger)
         ledger.close(lost, keep_reasons=False)
 
     def _after_write(self, sink: Sink, ledger: Ledger, status: SinkStatus) -> None:
         with self._lock:
             retired_now = self._count(sink, status)
         if retired_now and status is SinkStatus.PERMANENT:
-            kept = "kept on disk for `prime-runs sync`" if spool_of(sink) else "counted as failed"
-            why = getattr(sink, "permanent_refusal", None) or ", ".join(sorted(ledger.failures)) or "refused"
+            kept = "kept on disk for `prime-runs sync`" if sink.spool is not None else "counted as failed"
+            why = sink.permanent_refusal or ", ".join(sorted(ledger.failures)) or "refused"
             logger.error(
                 "sink %s was refused in a way no later request can get past (%s): it is retired for the "
                 "rest of the run, and its records are %s (%s)",
                 sink.name,
                 why,
                 kept,
-                SINK_RETIRED,
+                reasons.SINK_RETIRED,
             )
         elif retired_now:
             logger.error(
@@ -156,7 +149,7 @@ class Delivery:
                 "its records are counted as failed (%s)",
                 sink.name,
                 STRIKES_TO_RETIRE,
-                SINK_RETIRED,
+                reasons.SINK_RETIRED,
             )
         if ledger.failures:
             self.report_failures({sink.name: dict(ledger.failures)}, ledger)
@@ -168,7 +161,7 @@ class Delivery:
         if status is SinkStatus.PERMANENT:
             self.retired.add(sink.name)
             return True
-        if status is SinkStatus.TRANSIENT and spool_of(sink) is None:
+        if status is SinkStatus.TRANSIENT and sink.spool is None:
             # With a spool nothing is lost by going on (an outage waits on disk): only a sink without
             # one is retired after failing writes in a row (in the order they end), to stop spending requests.
             self._strikes[sink.name] += 1
@@ -183,8 +176,8 @@ class Delivery:
         """Tell ``on_error`` about records that failed, one ``SinkError`` per sink; it may not raise into us."""
         if self.on_error is None:
             return
-        for sink, reasons in failures.items():
+        for sink, counts in failures.items():
             try:
-                self.on_error(SinkError(sink, reasons, ledger.first_detail if ledger is not None else None))
+                self.on_error(SinkError(sink, counts, ledger.first_detail if ledger is not None else None))
             except Exception:
                 logger.warning("on_error callback failed", exc_info=True)

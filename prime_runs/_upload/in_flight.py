@@ -23,7 +23,7 @@ from prime_runs._upload.delivery import Group
 from prime_runs._upload.queue import Write
 
 
-class Claims:
+class InFlight:
     """The ledgers of the records taken and not yet settled, by the key of their write or group."""
 
     def __init__(self, sinks: Sequence[str], accounting: Accounting) -> None:

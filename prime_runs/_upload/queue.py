@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prime_runs._finish.interrupt import wait_slice
+from prime_runs._records import reasons
 from prime_runs._records.size_meter import SizeMeter
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES
+from prime_traces.threads import wait_slice
 
 DEFAULT_MAX_QUEUED_RECORDS = 10_000
 DEFAULT_MAX_QUEUED_BYTES = 2 * 1024**3
@@ -76,13 +77,9 @@ class DropBurst:
 
 
 class RecordQueue:
-    """Writes waiting for the worker, bounded by records and estimated bytes."""
+    """Writes waiting for the worker, bounded by records and estimated bytes (checked by ``WorkerSettings``)."""
 
     def __init__(self, max_records: int, max_bytes: int, meter: SizeMeter) -> None:
-        if max_records < 1:
-            raise ValueError(f"max_queued_records must be greater than 0, not {max_records}")
-        if max_bytes < 1:
-            raise ValueError(f"max_queued_bytes must be greater than 0, not {max_bytes}")
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.meter = meter
@@ -115,11 +112,11 @@ class RecordQueue:
             call = self._calls[line_format]
             held = self.queued_records + self.taken_records
             if self._closed:
-                reason = "closed"
+                reason = reasons.CLOSED
             elif self._writes and self.queued_records + count > self.max_records:
-                reason = "queue_full_records"
+                reason = reasons.QUEUE_FULL_RECORDS
             elif held and size and (held + count) * size > self.max_bytes:
-                reason = "queue_full_bytes"
+                reason = reasons.QUEUE_FULL_BYTES
             else:
                 self._writes.append(Write(self._next_seq, records, line_format, est, count, call))
                 self._next_seq += 1

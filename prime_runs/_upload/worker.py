@@ -9,34 +9,24 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from prime_runs._local.spool import SPILL_TIMEOUT
+from prime_runs._records import reasons
 from prime_runs._records.accounting import Accounting, LossListener
-from prime_runs._records.ledger import METHODS, Sink
+from prime_runs._records.ledger import METHODS
+from prime_runs._records.sink import Sink
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._upload import switch_interval
-from prime_runs._upload.delivery import DEADLINE, Delivery, Group, spool_of
-from prime_runs._upload.in_flight import Claims
+from prime_runs._upload.delivery import Delivery, Group
+from prime_runs._upload.in_flight import InFlight
 from prime_runs._upload.lanes import Lane, Lanes
-from prime_runs._upload.queue import (
-    DEFAULT_MAX_QUEUED_BYTES,
-    DEFAULT_MAX_QUEUED_RECORDS,
-    RecordQueue,
-    Write,
-    write_cap_bytes,
-)
+from prime_runs._upload.queue import RecordQueue, Write
+from prime_runs._upload.settings import WorkerSettings
 from prime_runs.errors import SinkError
-from prime_traces.client import MAX_IN_FLIGHT_LIMIT
 from prime_traces.threads import call_in_forked_child, run_in_daemon, start_daemon
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_WRITE_CAP_BYTES = write_cap_bytes(MAX_IN_FLIGHT_LIMIT, DEFAULT_MAX_QUEUED_BYTES)
-#: Prefix of the reason for records lost to an unexpected error in the worker itself.
-WORKER_ERROR = "worker_error"
 #: How long close() waits, past its deadline, for the write in progress to account for itself.
 ACCOUNTING_GRACE_S = 0.8
-#: How long, past finish()'s deadline, what was not delivered may take to be spooled to disk.
-DEFAULT_SPILL_TIMEOUT_S = 30.0
 
 
 class UploadWorker:
@@ -45,7 +35,8 @@ class UploadWorker:
     ``submit`` costs O(1) in the size of the records: it takes a lock for
     bookkeeping only, and drops (and counts, with the reason) a write that
     does not fit the queue, which is bounded by records and by estimated
-    bytes. The worker takes up to ``write_cap_bytes`` at a time and hands it
+    bytes (:class:`~prime_runs._upload.settings.WorkerSettings` has the
+    knobs). The worker takes up to ``write_cap_bytes`` at a time and hands it
     to the sinks through :class:`~prime_runs._upload.delivery.Delivery` (retirement,
     spooling, setting aside), each write on a thread of its own: the next
     write is encoded while the last one's final batches upload, two at most
@@ -71,57 +62,46 @@ class UploadWorker:
     def __init__(
         self,
         sinks: Iterable[Sink],
+        settings: WorkerSettings | None = None,
         *,
-        max_queued_records: int = DEFAULT_MAX_QUEUED_RECORDS,
-        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        size_meter: SizeMeter | None = None,
         on_error: Callable[[SinkError], Any] | None = None,
         on_loss: LossListener | None = None,
-        write_cap_bytes: int = DEFAULT_WRITE_CAP_BYTES,
-        size_meter: SizeMeter | None = None,
         tick: Callable[[], Any] | None = None,
-        tick_interval_s: float = 10.0,
-        spill_timeout_s: float = DEFAULT_SPILL_TIMEOUT_S,
-        switch_interval_s: float | None = None,
         name: str = "prime-runs-upload",
     ) -> None:
         self.sinks = list(sinks)
         names = [s.name for s in self.sinks]
         if len(set(names)) != len(names):
             raise ValueError(f"sink names must be unique, got {names}")
-        if write_cap_bytes < 1:
-            raise ValueError(f"write_cap_bytes must be greater than 0, not {write_cap_bytes}")
-        if spill_timeout_s < 0:
-            raise ValueError(f"spill_timeout_s must be at least 0, not {spill_timeout_s}")
-        if switch_interval_s is not None and not switch_interval_s > 0:
-            raise ValueError(f"switch_interval_s must be greater than 0 or None, not {switch_interval_s}")
-        self.spill_timeout_s = spill_timeout_s
-        self.switch_interval_s = switch_interval_s
+        self.settings = settings if settings is not None else WorkerSettings()
         self.meter = size_meter or SizeMeter()
-        self._limits = (max_queued_records, max_queued_bytes)
-        self.write_cap_bytes = write_cap_bytes
         self._on_error = on_error
         self._on_loss = on_loss
         self._tick = tick
-        self.tick_interval_s = tick_interval_s
         self.name = name
         self._setup()
         call_in_forked_child(self._setup)
 
+    @property
+    def spill_timeout_s(self) -> float:
+        return self.settings.spill_timeout_s
+
     def _setup(self) -> None:
         # Also the after-fork hook: a child gets an empty queue, fresh locks and
         # no thread, so nothing the parent queued is uploaded twice.
+        settings = self.settings
         self.accounting = Accounting([s.name for s in self.sinks], self._on_loss)
-        self._queue = RecordQueue(*self._limits, self.meter)
+        self._queue = RecordQueue(settings.max_queued_records, settings.max_queued_bytes, self.meter)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._switch_hold = switch_interval.BusyHold(self.switch_interval_s)
+        self._switch_hold = switch_interval.BusyHold(settings.switch_interval_s)
         self._lanes = Lanes(self.name, self._queue.done, self._queue.wake)
-        self._claims = Claims([s.name for s in self.sinks], self.accounting)
+        self._in_flight = InFlight([s.name for s in self.sinks], self.accounting)
         self.delivery = Delivery(self.sinks, self._on_error)
         for sink in self.sinks:
-            outage = getattr(sink, "outage", None)
-            if outage is not None:  # what it uploads from its spool once the service is back counts as stored
-                outage.on_resynced = functools.partial(self.accounting.count_resynced, sink.name)
+            # What a sink uploads from its spool once the service is back counts as stored.
+            sink.count_resynced(functools.partial(self.accounting.count_resynced, sink.name))
 
     # -- the caller's side ---------------------------------------------------
 
@@ -148,7 +128,7 @@ class UploadWorker:
 
     def _drop_detail(self, count: int, reason: str | None, line_format: str, call: int) -> str:
         what = f"{METHODS.get(line_format, 'submit')} call {call} ({count} records)"
-        if reason == "closed":
+        if reason == reasons.CLOSED:
             return f"{what} came after finish(): its records are not logged"
         queue = self._queue
         held = queue.queued_records + queue.taken_records
@@ -180,9 +160,7 @@ class UploadWorker:
         """``flush`` and ``close`` stop waiting for the sinks now: ``close`` goes on to spool what is left."""
         self._queue.interrupt()
         for sink in self.sinks:
-            outage = getattr(sink, "outage", None)
-            if outage is not None:
-                outage.close()
+            sink.stop_waiting()
 
     def close(self, timeout_s: float | None = None) -> bool:
         """Flush up to ``timeout_s``, then cancel, spool what is left and account for the rest.
@@ -198,11 +176,9 @@ class UploadWorker:
         flushed = self._queue.wait_done(self._queue.last_seq(), deadline)
         if flushed:
             for sink in self.sinks:  # a sink still uploading what it kept during an outage gets the time left
-                outage = getattr(sink, "outage", None)
-                if outage is not None:
-                    outage.wait_for_resync(deadline)
-        spools = any(spool_of(sink) is not None for sink in self.sinks)
-        spill_deadline = time.monotonic() + (self.spill_timeout_s if spools else 0.0)
+                sink.wait_for_resync(deadline)
+        spools = any(sink.spool is not None for sink in self.sinks)
+        spill_deadline = time.monotonic() + (self.settings.spill_timeout_s if spools else 0.0)
         if not flushed:
             self.delivery.spill_deadline = spill_deadline  # spooling must end by then
             self.delivery.cancel.set()
@@ -213,7 +189,9 @@ class UploadWorker:
         self._queue.wait_done(self._queue.taken_seq(), waited_until, interruptible=False)
         if kept is not None:
             kept.wait(max(0.0, waited_until - time.monotonic()))
-        self._claims.close_all([SPILL_TIMEOUT if spool_of(sink) else DEADLINE for sink in self.sinks])
+        self._in_flight.close_all(
+            [reasons.SPILL_TIMEOUT if sink.spool is not None else reasons.DEADLINE for sink in self.sinks]
+        )
         self._queue.mark_all_done()
         self._switch_hold.drop(for_good=True)
         self._report_drops()
@@ -228,14 +206,14 @@ class UploadWorker:
         """Spool the writes still queued at close, on a daemon helper; the event is set when it is done."""
         # Grouped by line format: one fsync for many small writes.
         # Registered first: what the deadline finds unfinished, close() accounts for.
-        entries = self._claims.register(Group.of(left))
+        entries = self._in_flight.register(Group.of(left))
 
         def keep() -> None:
             try:
                 for group, ledgers in entries:
                     for sink, ledger in zip(self.sinks, ledgers):
-                        self.delivery.keep(sink, group.records, group.line_format, ledger, DEADLINE)
-                    self._claims.release(group.key)
+                        self.delivery.keep(sink, group.records, group.line_format, ledger, reasons.DEADLINE)
+                    self._in_flight.release(group.key)
             except Exception:  # what is not kept is accounted for by close()
                 logger.warning("keeping the writes left at close failed", exc_info=True)
 
@@ -247,13 +225,11 @@ class UploadWorker:
         snap.update(
             queued_records=self._queue.queued_records,
             queued_bytes=int(self._queue.queued_bytes),
-            in_flight_records=self._claims.in_flight_records(),
+            in_flight_records=self._in_flight.in_flight_records(),
             retired_sinks=sorted(self.delivery.retired),
         )
         for sink in self.sinks:
-            stats = getattr(sink, "stats", None)  # optional: not every sink has one
-            if callable(stats):
-                snap["sinks"][sink.name].update(stats())
+            snap["sinks"][sink.name].update(sink.stats())
         return snap
 
     @property
@@ -279,7 +255,7 @@ class UploadWorker:
             self._switch_hold.drop()
 
     def _loop(self) -> None:
-        next_tick = time.monotonic() + self.tick_interval_s
+        next_tick = time.monotonic() + self.settings.tick_interval_s
         while True:
             timeout = max(0.0, next_tick - time.monotonic()) if self._tick is not None else None
             writes: list[Write] = []
@@ -291,7 +267,9 @@ class UploadWorker:
             try:
                 # While a write is still in progress, the wait ends when it is done too: the hold is dropped then.
                 idle = (lambda: not self._lanes.busy()) if busy else None
-                writes = self._queue.take(self.write_cap_bytes, timeout, on_take=self._claims.claim, stop_waiting=idle)
+                writes = self._queue.take(
+                    self.settings.write_cap_bytes, timeout, on_take=self._in_flight.claim, stop_waiting=idle
+                )
                 if writes:
                     self._switch_hold.take()
                 self._report_drops()
@@ -301,11 +279,11 @@ class UploadWorker:
             except Exception as err:  # the thread must outlive any one write
                 logger.exception("upload worker failed on a write; its records are counted as failed")
                 if not handed:
-                    self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
+                    self._abandon(reasons.crash(reasons.WORKER_ERROR, err), writes)
             if not handed:
                 self._lanes.done_in_order(writes)
             if self._tick is not None and time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + self.tick_interval_s
+                next_tick = time.monotonic() + self.settings.tick_interval_s
                 self._run_tick()
             if not writes and self._queue.closed and not self._queue.queued_records:
                 return
@@ -313,17 +291,17 @@ class UploadWorker:
     def _write(self, writes: list[Write], lane: Lane) -> None:
         """Hand ``writes`` to the sinks, on their lane; the next write may start once the last group is encoded."""
         try:
-            groups = self._claims.regroup(writes)
+            groups = self._in_flight.regroup(writes)
             for n, group in enumerate(groups):
                 self._process(group, lane.encoded.set if n == len(groups) - 1 else None)
         except BaseException as err:
             logger.exception("upload worker failed on a write; its records are counted as failed")
-            self._abandon(f"{WORKER_ERROR}:{type(err).__name__}", writes)
+            self._abandon(reasons.crash(reasons.WORKER_ERROR, err), writes)
 
     def _abandon(self, reason: str, writes: list[Write]) -> None:
         # The worker's claims are keyed by the seqs of the writes it took (a group by its first);
         # close()'s helper registers others, left alone here.
-        lost = self._claims.abandon(writes, reason)
+        lost = self._in_flight.abandon(writes, reason)
         self.delivery.report_failures({sink: {reason: n} for sink, n in lost.items() if n})
 
     def _run_tick(self) -> None:
@@ -334,13 +312,13 @@ class UploadWorker:
             logger.warning("periodic run update failed", exc_info=True)
 
     def _process(self, group: Group, on_encoded: Callable[[], Any] | None) -> None:
-        ledgers = self._claims.get(group.key)
+        ledgers = self._in_flight.get(group.key)
         if ledgers is None:  # closed at the deadline meanwhile
             return
         # Only the last sink may let the next write start early: the sinks before it write in order.
         ledgers[-1].on_encoded = on_encoded
         self.delivery.deliver(group.records, group.line_format, ledgers)
-        self._claims.release(group.key)
+        self._in_flight.release(group.key)
 
     def _report_drops(self) -> None:
         burst = self._queue.take_burst()

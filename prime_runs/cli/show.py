@@ -68,7 +68,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"run": run, "rows": rows})
         return 0
-    for line in describe(run, rows):
+    for line in show_lines(run, rows):
         print(line)
     return 0
 
@@ -114,7 +114,7 @@ def series(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[list[int | None], 
     return out
 
 
-def describe(run: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+def show_lines(run: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """The lines ``show`` prints."""
     name = f"{run.get('name')!r} (id {run['id']})" if run.get("name") else str(run["id"])
     head = f"run {name}  {run.get('kind') or '-'}  {run.get('status') or 'unknown'}"

@@ -1,0 +1,1 @@
+"""Records to JSONL lines: the encoder, chunker and sizing, and the line rules the service shares."""
