@@ -24,7 +24,7 @@ from prime_traces._upload.uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Uplo
 from prime_traces._upload.window import InFlightWindow
 from prime_traces.config import READ_TIMEOUT_S, resolve_config
 from prime_traces.encoding import LineFormat
-from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError
+from prime_traces.errors import APIError, PrimeTracesError, RetryableAPIError, TransportError
 from prime_traces.threads import DaemonPool
 
 logger = logging.getLogger(__name__)
@@ -209,10 +209,10 @@ class TracesClient(ReadAPI, RunsAPI):
             raise ValueError(f"timeout_s must be greater than 0, not {timeout_s}")
         try:
             self._transport.request("GET", self._url("traces"), params={"limit": "1"}, timeout_s=timeout_s, whole=True)
-        except RetryableAPIError:
+        except (RetryableAPIError, TransportError):
             return False
         except APIError as err:
-            return err.status_code < 500
+            return err.status_code is not None and err.status_code < 500
         except PrimeTracesError:
             return False
         return True

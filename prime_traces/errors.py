@@ -136,7 +136,8 @@ class APIError(PrimeTracesError):
         record_id: str | None = None,
         errors: tuple[LineRejection, ...] = (),
     ) -> None:
-        self.status_code = status_code
+        #: The answer's status; ``None`` for a :class:`TransportError` (no answer came).
+        self.status_code: int | None = status_code
         self.code = code
         self.message = message
         self.line = line
@@ -199,19 +200,47 @@ class ResponseFormatError(PrimeTracesError, ValueError):
         super().__init__(f"{path}: {problem}")
 
 
-class TransportError(PrimeTracesError):
-    """The request did not get an HTTP answer (connection refused, reset, dropped)."""
+class TransportError(APIError):
+    """The request did not get an HTTP answer (connection refused, reset, dropped).
+
+    An :class:`APIError` without a status: ``status_code`` and ``code`` are
+    ``None`` (the published SDK's classes have the same bases, so code that
+    catches ``APIError`` catches this too).
+    """
+
+    def __init__(self, message: str) -> None:
+        PrimeTracesError.__init__(self, message)
+        self.status_code = None
+        self.code = None
+        self.message = message
+        self.line = None
+        self.record_id = None
+        self.errors = ()
 
 
 class APITimeoutError(TransportError):
     """The service did not answer within the timeout."""
 
 
-class AmbiguousDeleteError(PrimeTracesError):
+class PaymentRequiredError(APIError):
+    """402: the account's billing does not allow the request. Check its billing status."""
+
+
+class AmbiguousDeleteError(APIError):
     """A delete failed in a way that leaves unknown whether it happened.
 
     It is not retried automatically: list or get the target to find out.
+    ``status_code`` is the answer's status when there was one.
     """
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        PrimeTracesError.__init__(self, message)
+        self.status_code = status_code
+        self.code = None
+        self.message = message
+        self.line = None
+        self.record_id = None
+        self.errors = ()
 
 
 class TraceTooLargeError(PrimeTracesError, ValueError):

@@ -210,7 +210,7 @@ PRIME_RUNS_STAGES: list[tuple[str, ...]] = [
 PRIME_TRACES_STAGES: list[tuple[str, ...]] = [
     ("prime_traces.cli", "prime_traces.cli_output"),  # the prime-traces command line
     ("prime_traces",),  # the public face
-    ("prime_traces.client",),  # TracesClient
+    ("prime_traces.client", "prime_traces.platform"),  # TracesClient, PlatformClient
     ("prime_traces._upload", "prime_traces.report"),  # batches, their requests, the window
     ("prime_traces._api",),  # reads, runs, response models
     ("prime_traces._http", "prime_traces.config"),  # transport, retries, redaction, settings

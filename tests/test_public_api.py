@@ -38,6 +38,7 @@ PRIME_TRACES_API = [
     "MetricsPage",
     "ModelInfo",
     "NotFoundError",
+    "PaymentRequiredError",
     "PrimeTracesError",
     "ResponseFormatError",
     "RetryableAPIError",

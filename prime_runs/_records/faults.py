@@ -8,7 +8,7 @@ of the service alike.
 from __future__ import annotations
 
 from prime_runs._records import reasons
-from prime_traces.errors import APIError, RetryableAPIError
+from prime_traces.errors import APIError, RetryableAPIError, TransportError
 from prime_traces.report import BatchOutcome, BatchStatus
 
 # A 400 with one of these codes is about the request, not a record: no subset
@@ -44,7 +44,7 @@ def fault_of(outcome: BatchOutcome, *, server_error_is_record: bool = False) -> 
     if outcome.status is BatchStatus.FAILED:
         return TRANSIENT
     err = outcome.error
-    if not isinstance(err, APIError) or isinstance(err, RetryableAPIError):
+    if not isinstance(err, APIError) or isinstance(err, (RetryableAPIError, TransportError)) or err.status_code is None:
         return TRANSIENT
     if err.status_code in CONTENT_STATUSES:
         return SINK if outcome.code in REQUEST_CODES else RECORD

@@ -20,7 +20,7 @@ STATUS_MIN_TIMEOUT_S = 0.2
 
 def describe_error(err: BaseException) -> str:
     """A short, key-free description of a failed request for a log line."""
-    if isinstance(err, APIError):
+    if isinstance(err, APIError) and err.status_code is not None:
         return f"HTTP {err.status_code} {err.code or ''}".strip()
     if isinstance(err, PrimeTracesError):
         return str(err)

@@ -41,6 +41,10 @@ MAX_BACKOFF_S = 30.0
 RETRYABLE_ERRORS = (RetryableAPIError, TransportError)
 
 
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, RETRYABLE_ERRORS)
+
+
 def is_refusal(error: BaseException | None) -> bool:
     """429, or 503 with a refusal code: the service did nothing and asks to be asked later."""
     if not isinstance(error, RetryableAPIError):
@@ -209,6 +213,7 @@ def _retrying(
     clock: Callable[[], float],
     refusals_free: bool = False,
     max_refused_s: float | None = None,
+    resend: Callable[[BaseException], bool] | None = None,
 ) -> tenacity.Retrying:
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ValueError(f"max_attempts must be an int of at least 1, got {max_attempts!r}")
@@ -225,7 +230,7 @@ def _retrying(
         stop = stop | stop_before_deadline(deadline_monotonic, clock)
     hooks = _Cancellation(cancel, sleep)
     return tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(RETRYABLE_ERRORS),
+        retry=tenacity.retry_if_exception(resend or _retryable),
         wait=wait_retry_after_or_backoff(rng, refusal_jitter=refusals_free),
         stop=stop,
         sleep=hooks.sleep,
@@ -280,3 +285,29 @@ def get_retrying(max_attempts: int = DEFAULT_GET_ATTEMPTS, **kwargs: Any) -> ten
     caller enforces that by raising a non-retryable error after it.
     """
     return upload_retrying(max_attempts, **kwargs)
+
+
+def request_retrying(
+    max_attempts: int,
+    *,
+    resend: Callable[[BaseException], bool],
+    deadline_monotonic: float | None = None,
+    sleep: Callable[[float], None] | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> tenacity.Retrying:
+    """The retry policy of one request that is not always safe to send twice.
+
+    ``resend(error)`` says whether the failed attempt may be sent again (a
+    request the service may have carried out is resent only when doing it
+    twice is harmless); waits and stops are those of :func:`upload_retrying`.
+    """
+    return _retrying(
+        max_attempts,
+        cancel=None,
+        sleep=sleep,
+        deadline_monotonic=deadline_monotonic,
+        rng=rng,
+        clock=clock,
+        resend=resend,
+    )

@@ -41,6 +41,7 @@ from prime_traces.errors import (
     LineFormatConflictError,
     LineRejection,
     NotFoundError,
+    PaymentRequiredError,
     RetryableAPIError,
     RunFinishedError,
     TransportError,
@@ -91,6 +92,8 @@ def error_from_response(resp: requests.Response, hide: Redactor | None = None) -
         return ValidationRejectedError(*args, **kwargs)
     if status == 401:
         return UnauthorizedError(*args, **kwargs)
+    if status == 402:
+        return PaymentRequiredError(*args, **kwargs)
     if status == 403:
         return ForbiddenError(*args, **kwargs)
     if status == 404:
