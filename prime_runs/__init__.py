@@ -2,17 +2,20 @@
 
     import prime_runs
 
-    run = prime_runs.init("grpo-math", kind="train", config={"lr": 1e-6})
+    run = prime_runs.init(kind="train", name="grpo-math", model="Qwen/Qwen3-4B", config={"lr": 1e-6})
     for step in range(steps):
         run.log_episodes(episodes)       # never blocks
-        run.log({"reward": mean_reward}, step=step)
-    run.finish()                         # bounded by finish_timeout_s
+        run.log_metrics({"reward": mean_reward}, step=step)
+    run.finish()                         # bounded by finish_timeout
 
-Records go to the Traces service (online), to a local directory (offline),
-or nowhere (disabled); see :func:`init`. The public API is what ``__all__``
-lists: :func:`init`, :class:`Run`, the modes and kinds a run takes, and the
-errors (:class:`PrimeRunsError`, the root, and :class:`SinkError`). The
-command line is :mod:`prime_runs.cli` (``prime-runs``).
+A drop-in for the published prime-runs SDK: its public names (``init``,
+``Run``, ``RunStatus``, ``RunKind``, ``TrainingSpec``, ``ConfigSource``,
+``CONFIG_SOURCE_KEY``, ``EnvironmentRef``, ``MODE_ENV``, ``TRACES_OPT_OUT_ENV``,
+the ``metrics`` and ``projection`` modules and its errors) mean what they mean
+there. Runs live on the platform (online), in a local directory (offline), or
+nowhere (disabled); see :func:`init`. Ours on top: ``KINDS``, ``MODES``,
+:class:`SinkError`, ``Run.log()``, ``Run.stats()``, offline runs and the
+command line, :mod:`prime_runs.cli` (``prime-runs``).
 """
 
 import importlib
@@ -20,9 +23,25 @@ import logging
 import warnings
 from typing import Any
 
-from prime_runs._start.init import KINDS, MODES, init
-from prime_runs.errors import PrimeRunsError, SinkError
+from prime_runs._start.init import KINDS, MODE_ENV, MODES, TRACES_OPT_OUT_ENV, init
+from prime_runs.errors import (
+    ConfigurationError,
+    EnvironmentResolutionError,
+    PrimeRunsError,
+    RunFinishedError,
+    SinkError,
+)
+from prime_runs.models import CONFIG_SOURCE_KEY, ConfigSource, EnvironmentRef, RunKind, RunStatus, TrainingSpec
 from prime_runs.run import Run
+from prime_traces.errors import (
+    APIError,
+    ForbiddenError,
+    NotFoundError,
+    PaymentRequiredError,
+    RetryableAPIError,
+    TransportError,
+    UnauthorizedError,
+)
 from prime_traces.version import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -52,11 +71,29 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "init",
+    "Run",
+    "RunStatus",
+    "RunKind",
+    "TrainingSpec",
+    "ConfigSource",
+    "CONFIG_SOURCE_KEY",
+    "EnvironmentRef",
+    "TRACES_OPT_OUT_ENV",
+    "MODE_ENV",
+    "PrimeRunsError",
+    "ConfigurationError",
+    "EnvironmentResolutionError",
+    "APIError",
+    "RunFinishedError",
+    "ForbiddenError",
+    "NotFoundError",
+    "PaymentRequiredError",
+    "RetryableAPIError",
+    "TransportError",
+    "UnauthorizedError",
     "__version__",
     "KINDS",
     "MODES",
-    "PrimeRunsError",
-    "Run",
     "SinkError",
-    "init",
 ]

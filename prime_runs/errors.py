@@ -7,6 +7,26 @@ class PrimeRunsError(Exception):
     """Root of every error raised by ``prime_runs``."""
 
 
+class ConfigurationError(PrimeRunsError):
+    """An argument or setting of ``init()`` cannot make a run (the kind, mode, key, team, model, config...).
+
+    Raised before any request, so a bad setting never leaves a half-created run.
+    """
+
+
+class EnvironmentResolutionError(PrimeRunsError):
+    """An evaluation's environment could not be resolved to an id through the platform's hub."""
+
+
+class RunFinishedError(PrimeRunsError):
+    """The run has finished: it takes no more records, rows or summary values.
+
+    ``log_episodes()`` and the other logging calls never raise it into a
+    training loop (a late record is counted as dropped, ``closed``, and the
+    console says so); it is the published SDK's name, kept for code that catches it.
+    """
+
+
 class SinkError(PrimeRunsError):
     """Records of a write were not stored by a sink.
 

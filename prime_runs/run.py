@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from prime_runs._console.console import Console
@@ -20,16 +20,21 @@ from prime_runs._local.rundir import RunDirectory
 from prime_runs._records.sink import Sink
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._service.ownership import ENV_RUN_ID
+from prime_runs._service.platform_runs import RunSpec
 from prime_runs._service.state import RunState
 from prime_runs._service.updates import RunUpdates
 from prime_runs._upload.settings import WorkerSettings
 from prime_runs._upload.worker import UploadWorker
 from prime_runs.errors import PrimeRunsError, SinkError
+from prime_runs.models import CONFIG_SOURCE_KEY, ConfigSource, RunStatus
 from prime_traces.threads import call_in_forked_child
 
 logger = logging.getLogger(__name__)
 
 ON_ERROR = ("warn", "raise")
+#: How long ``flush()`` waits by default.
+DEFAULT_FLUSH_TIMEOUT_S = 30.0
+_UNSET: Any = object()
 
 
 class Run:
@@ -72,6 +77,9 @@ class Run:
         tags: list[str] | None = None,
         rundir: RunDirectory | None = None,
         service_url: str | None = None,
+        attached: bool = False,
+        spec: RunSpec | None = None,
+        release: Callable[[], Any] | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
@@ -89,6 +97,9 @@ class Run:
         self.history = History()
         self._state = state
         self._service_url = service_url
+        self._attached = attached
+        self._spec = spec
+        self._errors: list[str] = []
         self._worker = (
             UploadWorker(
                 sinks,
@@ -102,6 +113,8 @@ class Run:
             else None
         )
         self._updates = updates
+        if updates is not None:
+            updates.on_failure = self._note_failure
         self._metrics = metrics
         self._on_error = on_error
         self._next_step = 0
@@ -123,6 +136,7 @@ class Run:
             updates=updates,
             run_file=RunFile(rundir, self._document) if rundir is not None and owner else None,
             history=self.history,
+            release=release,
         )
         if mode != "disabled":
             self._finisher.install()
@@ -146,9 +160,30 @@ class Run:
         return self._state.summary
 
     @property
-    def status(self) -> str:
-        """``running``, then the terminal status ``finish()`` recorded."""
+    def status(self) -> RunStatus:
+        """``RunStatus.RUNNING``, then the terminal status, set as ``finish()`` starts (the first call's wins)."""
         return self._state.status
+
+    @property
+    def finished(self) -> bool:
+        """Whether ``finish()`` has completed (``status`` turns terminal as it starts)."""
+        return self._finisher.finished.is_set()
+
+    @property
+    def attached(self) -> bool:
+        """Whether this online run was attached to by id (created by someone else) rather than created here."""
+        return self._attached
+
+    @property
+    def errors(self) -> list[str]:
+        """What went wrong without raising, one line each: ``"<what> failed: <Type>: <message>"``."""
+        return list(self._errors)
+
+    @property
+    def config_source(self) -> ConfigSource | None:
+        """The config file the run was started from (``init(config=path)``), if any."""
+        source = self._state.config.get(CONFIG_SOURCE_KEY)
+        return ConfigSource.from_mapping(source) if isinstance(source, Mapping) else None
 
     @property
     def error(self) -> str | None:
@@ -292,15 +327,24 @@ class Run:
             "service_url": self._service_url,
             "url": self.url,
             "finished_at": state.finished_at,
+            "attached": self._attached,
+            "spec": self._spec.to_dict() if self._spec is not None else None,
             "counters": self.stats(),
         }
 
     # -- waiting (bounded) ---------------------------------------------------
 
-    def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until everything logged before the call (records and metrics rows) is stored or accounted for."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        done = self._worker.flush(timeout_s) if self._worker is not None else True
+    def flush(self, timeout: float | None = DEFAULT_FLUSH_TIMEOUT_S, *, timeout_s: Any = _UNSET) -> bool:
+        """Wait until everything logged before the call (records and metrics rows) is stored or accounted for.
+
+        Returns whether it all was within ``timeout`` (seconds; ``timeout_s`` is
+        the same; ``None`` waits as long as it takes). Under
+        ``on_error="raise"`` the first failure is raised here, once.
+        """
+        if timeout_s is not _UNSET:
+            timeout = timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = self._worker.flush(timeout) if self._worker is not None else True
         if self._metrics is not None:
             done = self._metrics.flush(deadline) and done
         self._raise_first_error()
@@ -310,33 +354,48 @@ class Run:
         self,
         summary: Mapping[str, Any] | None = None,
         *,
-        status: str = "completed",
+        status: RunStatus | str = RunStatus.COMPLETED,
         error: str | BaseException | None = None,
+        timeout: float | None = None,
         timeout_s: float | None = None,
     ) -> None:
-        """Flush, then record the terminal status; returns within ``timeout_s`` (+1 s).
+        """Flush, then record the terminal status; returns within ``timeout`` (+1 s).
 
-        What the service did not take by then is written to the run directory
-        within ``spill_timeout_s`` more (see :func:`prime_runs.init`), and a
-        warning says where and how to upload it with ``prime-runs sync``.
+        ``summary`` is merged into the run's summary first; ``status`` is a
+        terminal :class:`RunStatus` (or its string), ``error`` the reason a run
+        did not complete. ``timeout`` (or ``timeout_s``) defaults to the run's
+        ``finish_timeout``. What the service did not take by then is written to
+        the run directory within ``spill_timeout_s`` more (see
+        :func:`prime_runs.init`), and the console says where and how to upload
+        it with ``prime-runs sync``.
 
-        Idempotent and thread-safe: the first call finishes, later ones wait
-        for it (within their own timeout) and return.
+        Idempotent and thread-safe: the first call finishes and its status wins;
+        later ones wait for it (within their own timeout) and return.
+
+        Raises:
+            ValueError: ``status`` is not a terminal status (the run is not finished then).
         """
+        resolved = RunStatus(status)
+        if not resolved.is_terminal():
+            raise ValueError(f"finish() requires a terminal status, got {resolved.value!r}")
+        wait = timeout if timeout is not None else timeout_s
         before = (lambda: self.update_summary(summary)) if summary else None
-        self._finisher.finish(status, error, timeout_s, before=before)
+        self._finisher.finish(resolved, _describe(error), wait, before=before)
         self._raise_first_error()
 
     def _finish_from_hook(self, status: str) -> None:
         if not self._finisher.finishing:
+            if status == RunStatus.CRASHED:
+                logger.warning("run %s was never finished; reporting it as crashed", self.id)
+            error = "process exited without finishing the run" if status == RunStatus.CRASHED else "interrupted"
             try:
-                self.finish(status=status)
+                self.finish(status=status, error=error)
             except PrimeRunsError as err:
                 logger.warning("run %s finished as %s with errors: %s", self.id, status, err)
 
-    def fail(self, error: str | BaseException, *, timeout_s: float | None = None) -> None:
-        """Finish the run as ``failed`` with ``error``."""
-        self.finish(status="failed", error=error, timeout_s=timeout_s)
+    def fail(self, error: str | BaseException, *, timeout: float | None = None, timeout_s: float | None = None) -> None:
+        """Finish the run as ``failed`` with ``error`` (an exception reads ``<Type>: <message>``)."""
+        self.finish(status=RunStatus.FAILED, error=error, timeout=timeout, timeout_s=timeout_s)
 
     async def aflush(self, timeout_s: float | None = None) -> bool:
         """``flush`` without blocking the event loop; cancelling the await does not cancel the flush."""
@@ -353,10 +412,10 @@ class Run:
         if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
             self.finish()
             return
-        if issubclass(exc_type, KeyboardInterrupt):
-            status, error = "cancelled", "KeyboardInterrupt"
+        if issubclass(exc_type, (KeyboardInterrupt, asyncio.CancelledError)):
+            status, error = RunStatus.CANCELLED, "interrupted"
         else:
-            status, error = "failed", f"{exc_type.__name__}: {exc}"
+            status, error = RunStatus.FAILED, f"{exc_type.__name__}: {exc}"
         try:
             self.finish(status=status, error=error)
         except PrimeRunsError as err:
@@ -370,8 +429,13 @@ class Run:
             first = self._first_error is None
             if first:
                 self._first_error = error
+            self._errors.append(f"writing to the {error.sink} sink failed: {type(error).__name__}: {error}")
         if first and self._on_error == "warn":
             logger.warning("run %s: %s (further failures are counted in run.stats())", self.id, error)
+
+    def _note_failure(self, what: str, error: BaseException) -> None:
+        # A failure of the run's own requests (its status, its updates): recorded, never raised into training.
+        self._errors.append(f"{what} failed: {type(error).__name__}: {error}")
 
     def _raise_first_error(self) -> None:
         if self._on_error == "raise" and self._first_error is not None:
@@ -393,6 +457,10 @@ class Run:
     def failed_records(self) -> dict[str, int]:
         return self._worker.failed_records if self._worker is not None else {}
 
+    def reset_after_fork(self) -> None:
+        """What a forked child does (called for it after ``fork``): log its own records, never finish the run."""
+        self._after_fork_in_child()
+
     def _after_fork_in_child(self) -> None:
         # The child logs its own records but never finishes the parent's run.
         self._state.after_fork_in_child()
@@ -401,6 +469,12 @@ class Run:
         self._finisher.after_fork_in_child()
         if self.mode == "online":
             os.environ.setdefault(ENV_RUN_ID, self.id)
+
+
+def _describe(error: str | BaseException | None) -> str | None:
+    if error is None or isinstance(error, str):
+        return error
+    return f"{type(error).__name__}: {error}"
 
 
 async def _in_thread(func: Any, *args: Any) -> Any:

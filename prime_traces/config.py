@@ -31,6 +31,7 @@ __all__ = [
     "USER_AGENT",
     "ClientConfig",
     "api_url",
+    "configured_traces_url",
     "default_headers",
     "encode_query",
     "normalize_base_url",
@@ -131,6 +132,14 @@ def resolve_config(
         base_url=normalize_base_url(resolved_url),
         team_id=resolved_team,
     )
+
+
+def configured_traces_url(
+    *, environ: Mapping[str, str] | None = None, config_path: str | os.PathLike[str] | None = None
+) -> str | None:
+    """The Traces service's URL when the environment or the config file names one (``None``: the default applies)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_TRACES_URL) or _file_str(_read_config_file(config_path), "traces_url") or None
 
 
 def _clean_api_key(key: str, source: str) -> str:

@@ -205,7 +205,7 @@ PRIME_RUNS_STAGES: list[tuple[str, ...]] = [
     ("prime_runs._service",),  # the run on the service: its owner, state and updates
     ("prime_runs._console",),  # the lines on stderr
     ("prime_runs._records",),  # the sink contract, the ledger, accounting, reasons, lines
-    ("prime_runs.errors",),
+    ("prime_runs.errors", "prime_runs.models", "prime_runs.exceptions"),  # the public values and errors
 ]
 PRIME_TRACES_STAGES: list[tuple[str, ...]] = [
     ("prime_traces.cli", "prime_traces.cli_output"),  # the prime-traces command line

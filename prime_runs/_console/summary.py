@@ -37,12 +37,14 @@ def destination_line(
     url: str | None,
     directory: str | None,
     save_local: bool,
+    without_key: bool = False,
 ) -> str:
-    """The line ``init()`` shows: the run, and where its records go."""
+    """The line ``init()`` shows: the run, and where its records go (offline for want of a key: it says so)."""
     where = os.path.abspath(directory) if directory else None
     if mode == "offline":
+        why = "no API key found (set PRIME_API_KEY or run `prime login`), so " if without_key else ""
         return (
-            f"run {_name(name, run_id)} is offline: it is written to {where}; "
+            f"{why}run {_name(name, run_id)} is offline: it is written to {where}; "
             f"upload it later with: prime-runs sync {where}"
         )
     verb = "logging run" if owner else "logging into run"

@@ -27,6 +27,7 @@ from prime_runs._local.run_file import RunFile
 from prime_runs._service.state import RunState
 from prime_runs._service.updates import STATUS_MIN_TIMEOUT_S, RunUpdates
 from prime_runs._upload.worker import UploadWorker
+from prime_runs.models import RunStatus
 from prime_traces.threads import run_in_daemon, wait_event
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Finisher:
         updates: RunUpdates | None = None,
         run_file: RunFile | None = None,
         history: History | None = None,
+        release: Callable[[], Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.name = name
@@ -95,6 +97,8 @@ class Finisher:
         self.updates = updates
         self.run_file = run_file
         self.history = history if history is not None else History()
+        #: Called once everything is done (closes the run's platform client).
+        self.release = release
         self.started = time.monotonic()
         #: Set as the first finish() begins: from then on records are refused.
         self.finishing = False
@@ -127,8 +131,8 @@ class Finisher:
 
     def finish(
         self,
-        status: str,
-        error: str | BaseException | None,
+        status: RunStatus,
+        error: str | None,
         timeout_s: float | None,
         before: Callable[[], Any] | None = None,
     ) -> None:
@@ -144,6 +148,8 @@ class Finisher:
             if before is not None:
                 before()
             self.finishing = True
+            # Terminal from the start: the first finish() decides, whoever reads the status meanwhile.
+            self.state.status = status
             self._finish_run(status, error, deadline, timeout)
         finally:
             self.finished.set()
@@ -190,7 +196,7 @@ class Finisher:
         self._lock = threading.Lock()
         self.hooks.after_fork_in_child()
 
-    def _finish_run(self, status: str, error: str | BaseException | None, deadline: float, timeout: float) -> None:
+    def _finish_run(self, status: RunStatus, error: str | None, deadline: float, timeout: float) -> None:
         reserve = min(_STATUS_RESERVE_MAX_S, timeout * _STATUS_RESERVE_FRACTION)
         self.console.finishing = True
         metrics = self.metrics
@@ -202,11 +208,11 @@ class Finisher:
             # What the lane did not send by now is written to the run directory (bounded by the disk).
             metrics.close(deadline - reserve if not self.stop_requested else time.monotonic())
         if self.stop_requested:
-            status, error = "cancelled", "interrupted: finish() stopped waiting for the service (Ctrl-C)"
+            status, error = RunStatus.CANCELLED, "interrupted: finish() stopped waiting for the service (Ctrl-C)"
             self.console.say("stopped waiting (Ctrl-C): what was not uploaded is being written to disk")
         state = self.state
         state.status = status
-        state.error = str(error) if error is not None else None
+        state.error = error
         state.finished_at = time.time()
         # The status request and the last run.json write share one end: finish() waits for neither past it.
         end = time.monotonic() + max(STATUS_MIN_TIMEOUT_S, deadline - time.monotonic()) + _STATUS_GRACE_S
@@ -226,6 +232,8 @@ class Finisher:
         self._tell_the_user()
         live_runs.discard(self)
         self.hooks.uninstall()
+        if self.release is not None:
+            self.release()
 
     def _drain(self, worker: UploadWorker, deadline: float, reserve: float, timeout: float) -> float:
         """Close the worker by the deadline, less the status's reserve; the deadline the status then has."""
@@ -249,7 +257,7 @@ class Finisher:
             self.state.merge_summary(record_counts(worker.stats(), self.mode))
         return deadline
 
-    def _record_status(self, status: str, error: str | None, deadline: float) -> bool:
+    def _record_status(self, status: RunStatus, error: str | None, deadline: float) -> bool:
         """Send the terminal status, waiting until ``deadline``; whether the service confirmed it.
 
         The request runs on a daemon thread: requests' timeouts bound each socket

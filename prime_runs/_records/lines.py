@@ -39,7 +39,14 @@ def detect_line_format(records: Sequence[Any]) -> str:
 
 @dataclass(frozen=True)
 class RunStamp:
-    """The run every record is stamped with."""
+    """The run every record is stamped with (contract §7).
+
+    A record's own ``run`` is kept whole (its ``type``, ``name`` and ``work``,
+    with the step, included); only its ``id`` becomes this run's, which is how
+    the service joins the record to the run. A record without a ``type`` gets
+    this run's kind. Each member trace of an episode is stamped the same way;
+    a member without a ``run`` of its own carries the envelope's.
+    """
 
     run_id: str
     run_type: str
@@ -47,17 +54,17 @@ class RunStamp:
     def _run(self, run: Any) -> dict[str, Any]:
         merged = dict(run) if isinstance(run, Mapping) else {}
         merged["id"] = self.run_id
-        merged["type"] = self.run_type
+        merged.setdefault("type", self.run_type)
         return merged
 
     def apply(self, record: Mapping[str, Any], line_format: str) -> dict[str, Any]:
         """A stamped shallow copy of ``record``; the original is untouched."""
         stamped = dict(record)
-        stamped["run"] = self._run(record.get("run"))
+        run = stamped["run"] = self._run(record.get("run"))
         members = record.get("traces")
         if line_format == "episode" and isinstance(members, (list, tuple)):
             stamped["traces"] = [
-                {**m, "run": self._run(m.get("run"))} if isinstance(m, Mapping) else m for m in members
+                {**m, "run": self._run(m.get("run") or run)} if isinstance(m, Mapping) else m for m in members
             ]
         return stamped
 

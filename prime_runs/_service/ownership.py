@@ -27,11 +27,21 @@ ENV_OWNER = "PRIME_RUN_OWNER"
 
 @dataclass(frozen=True)
 class RankInfo:
-    """This process's rank and whether it owns the run's lifecycle."""
+    """This process's rank, whether it owns the run's lifecycle, and the run it attaches to (if any).
+
+    ``told``: the owner was named explicitly (``owner=`` or ``PRIME_RUN_OWNER``);
+    an owner that merely attached to a run by id leaves a failure to whoever created it.
+    """
 
     rank: int | None
     owner: bool
     run_id: str | None
+    told: bool = False
+
+    @property
+    def attached(self) -> bool:
+        """Whether the run exists already (named by ``id=`` or an inherited ``PRIME_RUN_ID``)."""
+        return self.run_id is not None
 
 
 # Run ids this process exported to PRIME_RUN_ID, by pid: a later init() in the
@@ -85,7 +95,7 @@ def rank_info(
             f"prime_runs.init() (which exports {ENV_RUN_ID}), or pass id= / set {ENV_RUN_ID}"
         )
     if told is not None:
-        return RankInfo(rank, told, run_id)
+        return RankInfo(rank, told, run_id, told=True)
     attaching = explicit_id is None and inherited is not None
     return RankInfo(rank, rank in (None, 0) and not attaching, run_id)
 

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from prime_runs.models import RunStatus
+
 logger = logging.getLogger(__name__)
 
 #: The longest a copy waits for the lock: a signal's finisher may have interrupted
@@ -33,8 +35,8 @@ class RunState:
         self.run_id = run_id
         self.config: dict[str, Any] = dict(config)
         self.summary: dict[str, Any] = {}
-        #: ``running`` until ``finish()`` records a terminal status.
-        self.status = "running"
+        #: ``RUNNING`` until ``finish()`` starts, then the terminal status it was given.
+        self.status = RunStatus.RUNNING
         self.error: str | None = None
         #: Wall-clock time of the terminal status, for ``run.json``.
         self.finished_at: float | None = None

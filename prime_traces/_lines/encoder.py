@@ -12,6 +12,7 @@ chunked without a scan, so its start is not walked twice. orjson writes NaN and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,8 +57,9 @@ def record_form(record: object, index: int, call: Any = _call) -> Mapping[str, A
 
     A mapping is itself; otherwise its ``to_json()`` (bytes or str: one JSON
     object on one line), returned as bytes to be used as they are; otherwise
-    its ``to_record()``, which must return a mapping. An object that offers
-    its own bytes is never re-encoded. ``call(method,
+    its ``to_record()``, which must return a mapping; otherwise a pydantic
+    model's ``model_dump(mode="json")``. An object that offers its own bytes
+    is never re-encoded. ``call(method,
     name)`` invokes the record's method (a caller may wrap what it raises).
     """
     if isinstance(record, Mapping):
@@ -70,8 +72,14 @@ def record_form(record: object, index: int, call: Any = _call) -> Mapping[str, A
         if not isinstance(mapped, Mapping):
             raise TypeError(f"record {index}: to_record() returned {type(mapped).__name__}, expected a mapping")
         return mapped
+    model_dump = getattr(record, "model_dump", None)
+    if callable(model_dump):
+        dumped = call(functools.partial(model_dump, mode="json"), "model_dump()")
+        if not isinstance(dumped, Mapping):
+            raise TypeError(f"record {index}: model_dump() returned {type(dumped).__name__}, expected a mapping")
+        return dumped
     kind = type(record).__name__
-    raise TypeError(f"record {index}: {kind} is not a mapping and has no to_record() or to_json()")
+    raise TypeError(f"record {index}: {kind} is not a mapping and has no to_record(), to_json() or model_dump()")
 
 
 def is_episode(record: Any) -> bool:
