@@ -51,8 +51,8 @@ _DEPRECATED = {
     "DEFAULT_MAX_QUEUED_BYTES": "prime_runs._upload.queue",
     "DEFAULT_MAX_QUEUED_RECORDS": "prime_runs._upload.queue",
     "Ledger": "prime_runs._records.ledger",
-    "Sink": "prime_runs._records.ledger",
-    "SinkStatus": "prime_runs._records.ledger",
+    "Sink": "prime_runs._records.sink",
+    "SinkStatus": "prime_runs._records.sink",
     "UploadWorker": "prime_runs._upload.worker",
     "RunStateError": "prime_runs.errors",
 }

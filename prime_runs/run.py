@@ -151,13 +151,27 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The run's config: ``init(config=...)`` and what ``update_config`` merged in."""
+        """The run's config, from ``init(config=...)`` and ``update_config``; what it holds at finish is sent."""
         return self._state.config
+
+    @config.setter
+    def config(self, value: Mapping[str, Any]) -> None:
+        with self._state.lock:
+            self._state.config = dict(value)
+        self._state.unsent(config=True, summary=False)
+        self._changed()
 
     @property
     def summary(self) -> dict[str, Any]:
         """The last value of each metric logged, and what ``update_summary`` / ``finish`` merged in."""
         return self._state.summary
+
+    @summary.setter
+    def summary(self, value: Mapping[str, Any]) -> None:
+        with self._state.lock:
+            self._state.summary = dict(value)
+        self._state.unsent(config=False, summary=True)
+        self._changed()
 
     @property
     def status(self) -> RunStatus:
@@ -192,8 +206,14 @@ class Run:
 
     @property
     def finish_timeout_s(self) -> float:
-        """How long ``finish()`` waits by default (``init(finish_timeout_s=...)``)."""
+        """How long ``finish()`` waits by default (``init(finish_timeout_s=...)``); settable."""
         return self._finisher.timeout_s
+
+    @finish_timeout_s.setter
+    def finish_timeout_s(self, value: float) -> None:
+        if value < 0:
+            raise ValueError(f"finish_timeout_s must be at least 0, not {value}")
+        self._finisher.timeout_s = value
 
     # -- logging (never blocks) ----------------------------------------------
 
@@ -380,8 +400,8 @@ class Run:
             raise ValueError(f"finish() requires a terminal status, got {resolved.value!r}")
         wait = timeout if timeout is not None else timeout_s
         before = (lambda: self.update_summary(summary)) if summary else None
-        self._finisher.finish(resolved, _describe(error), wait, before=before)
-        self._raise_first_error()
+        if self._finisher.finish(resolved, _describe(error), wait, before=before):
+            self._raise_first_error()  # only the call that finished: one that waited for it raises nothing
 
     def _finish_from_hook(self, status: str) -> None:
         if not self._finisher.finishing:

@@ -164,6 +164,9 @@ def test_public_modules_of_prime_traces_are_documented_and_import():
         (prime_traces, "MAX_LINE_BYTES", "prime_traces.encoding"),
         (prime_traces, "GZIP_LEVEL", "prime_traces._upload.compress"),
         (prime_runs, "UploadWorker", "prime_runs._upload.worker"),
+        (prime_runs, "Sink", "prime_runs._records.sink"),
+        (prime_runs, "SinkStatus", "prime_runs._records.sink"),
+        (prime_runs, "Ledger", "prime_runs._records.ledger"),
         (prime_runs, "RunStateError", "prime_runs.errors"),
     ],
 )

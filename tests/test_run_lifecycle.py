@@ -341,6 +341,30 @@ def test_on_error_raise_raises_the_first_failure_from_flush_and_finish(service):
     assert_buckets(run, submitted=5, stored=3, failed={"rejected:invalid_trace": 2})
 
 
+def test_only_the_finish_that_finished_raises_a_failure(service):
+    run = online(service, on_error="raise")
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    # A failure heard after the run finished (a lane reporting late) is not raised by a later finish().
+    run._note_error(prime_runs.SinkError("traces", {"transient": 1}))
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    with run:
+        pass  # __exit__ finishes again: nothing to raise either
+
+
+def test_the_default_finish_timeout_can_be_changed_on_the_run(service):
+    run = online(service, finish_timeout_s=5)
+    run.finish_timeout_s = 12.5
+    assert run.finish_timeout_s == 12.5
+    with pytest.raises(ValueError, match="finish_timeout_s"):
+        run.finish_timeout_s = -1
+    run.config = {"replaced": True}
+    run.summary = {"loss": 0.5}
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    remote = get_run(service, run.id)
+    assert remote["config"] == {"replaced": True}
+    assert remote["summary"]["loss"] == 0.5
+
+
 def test_on_error_warn_logs_once(service, caplog):
     service.faults.reject_marker = MARKER
     run = online(service)

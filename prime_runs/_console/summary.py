@@ -15,6 +15,7 @@ from typing import Any
 
 from prime_runs._console.console import Console, stderr_is_terminal
 from prime_runs._console.progress import human_bytes, human_duration
+from prime_runs._records import reasons
 from prime_traces.threads import start_daemon
 
 #: finish() shows progress only when draining takes longer than this.
@@ -114,9 +115,7 @@ def summary_lines(
         )
     if failed:
         lines.append(f"  {sum(failed.values())} not stored: {_reasons(failed)}")
-        rejected = sum(
-            n for r, n in failed.items() if r.startswith("rejected") or r in ("invalid_record", "record_too_large")
-        )
+        rejected = sum(n for r, n in failed.items() if reasons.is_own_fault(r))
         if rejected and where:
             lines.append(
                 f"  the records refused for their own fault are kept with the reason in "

@@ -135,16 +135,19 @@ class Finisher:
         error: str | None,
         timeout_s: float | None,
         before: Callable[[], Any] | None = None,
-    ) -> None:
-        """Finish the run once, within ``timeout_s`` (+1 s); ``before`` runs first, in the first call only."""
+    ) -> bool:
+        """Finish the run once, within ``timeout_s`` (+1 s); ``before`` runs first, in the first call only.
+
+        Returns whether this call did the finishing (a later one only waited for it).
+        """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(blocking=False):
             self.finished.wait(max(0.0, deadline - time.monotonic()) + 1.0)
-            return
+            return False
         try:
             if self.finishing:
-                return
+                return False
             if before is not None:
                 before()
             self.finishing = True
@@ -156,6 +159,7 @@ class Finisher:
             self._lock.release()
         if self.stop_requested and threading.current_thread() is threading.main_thread():
             interrupt.end_now()  # a second Ctrl-C: what was left is on disk; end as the signal would
+        return True
 
     def interrupted(self) -> None:
         """A Ctrl-C: say what finishing waits for, and that a second one stops waiting.

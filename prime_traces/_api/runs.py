@@ -1,7 +1,7 @@
 """Writing runs (contract §9): create a run, update or finish it, append to its metrics history.
 
 :class:`RunsAPI` is a mixin of :class:`~prime_traces.TracesClient`, beside the
-reads of ``_read_api``. Each call is one request, sent once and never retried
+reads of ``_api.reads``. Each call is one request, sent once and never retried
 here: whoever calls decides whether to send it again (a finish with the same
 status, and metrics rows that carry a step, are safe to repeat). Bodies are
 encoded so that no value a user logs can stop a run's status from being
