@@ -21,7 +21,14 @@ parser.add_argument("--finish-timeout", type=float, default=60.0)
 parser.add_argument("--ready", action="store_true")
 args = parser.parse_args()
 run = prime_runs.init(
-    "console-producer", api_key="test-key", base_url=args.url, dir=args.root, finish_timeout_s=args.finish_timeout
+    "console-producer",
+    environments=["e"],
+    model="m",
+    team_id="t",
+    api_key="test-key",
+    base_url=args.url,
+    dir=args.root,
+    finish_timeout_s=args.finish_timeout,
 )
 run.log_episodes([episode(f"p-{i}", [trace(f"p-{i}-t")]) for i in range(19)])
 run.log_episodes(

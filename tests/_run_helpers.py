@@ -20,7 +20,18 @@ KEY = "test-key"
 GATE_TIMEOUT_S = 30.0
 FLUSH_TIMEOUT_S = 30.0
 MARKER = "POISON-7d41"
-ENV_NAMES = ("PRIME_API_KEY", "PRIME_TRACES_URL", "PRIME_TEAM_ID", "PRIME_RUNS_MODE", "PRIME_RUN_ID", "RANK")
+ENV_NAMES = (
+    "PRIME_API_KEY",
+    "PRIME_TRACES_URL",
+    "PRIME_TEAM_ID",
+    "PRIME_RUNS_MODE",
+    "PRIME_RUN_ID",
+    "RANK",
+    "PRIME_API_BASE_URL",
+    "PRIME_BASE_URL",
+    "PRIME_FRONTEND_URL",
+    "PRIME_TRACES_OPT_OUT",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +94,11 @@ def gate(service) -> Iterator[Gate]:
 
 
 def online(svc: LocalTracesService, name: str = "test-run", **options: Any) -> Run:
+    """A run on ``svc`` (which plays the platform and the Traces service); an evaluation unless told otherwise."""
     options.setdefault("handle_signals", False)
+    options.setdefault("environments", ["test-env"])
+    options.setdefault("model", "test-model")
+    options.setdefault("team_id", "test-team")
     return prime_runs.init(name, api_key=KEY, base_url=svc.url, **options)
 
 

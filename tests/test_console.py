@@ -116,7 +116,15 @@ def test_losses_after_the_first_are_counted_at_most_once_per_interval():
 def test_the_console_is_off_for_other_ranks_by_default(service, capsys, isolated, monkeypatch):
     owner = online(service, console="auto")
     monkeypatch.setenv("RANK", "1")
-    other = prime_runs.init(api_key=KEY, base_url=service.url, handle_signals=False, id=owner.id)
+    other = prime_runs.init(
+        environments=["e"],
+        model="m",
+        team_id="t",
+        api_key=KEY,
+        base_url=service.url,
+        handle_signals=False,
+        id=owner.id,
+    )
     assert other.id == owner.id and not other.console.enabled
     other.log_episodes([episode("r1-bad", [trace("t", info={"x": float("inf")})])])
     other.finish(timeout_s=FLUSH_TIMEOUT_S)

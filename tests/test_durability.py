@@ -111,7 +111,16 @@ def test_a_service_killed_mid_run_loses_nothing_once_the_run_is_synced(isolated,
     proc, url = _serve(db)
     import prime_runs
 
-    run = prime_runs.init("killed", api_key=KEY, base_url=url, dir=isolated / "runs", handle_signals=False)
+    run = prime_runs.init(
+        "killed",
+        environments=["e"],
+        model="m",
+        team_id="t",
+        api_key=KEY,
+        base_url=url,
+        dir=isolated / "runs",
+        handle_signals=False,
+    )
     logged = []
     try:
         for step in range(10):
@@ -142,7 +151,14 @@ def test_a_refused_key_keeps_the_run_for_a_sync_with_the_right_one(isolated, tmp
 
         # The run is created with its key, then the service's key is rotated under it.
         run = prime_runs.init(
-            "rotated", api_key="the-real-key", base_url=svc.url, dir=isolated / "runs", handle_signals=False
+            "rotated",
+            environments=["e"],
+            model="m",
+            team_id="t",
+            api_key="the-real-key",
+            base_url=svc.url,
+            dir=isolated / "runs",
+            handle_signals=False,
         )
         svc.state.api_key = "the-new-key"
         logged = episodes("r", 40)

@@ -127,7 +127,15 @@ def _same_run(run: prime_runs.Run) -> None:
 def test_an_offline_history_synced_equals_the_online_one(isolated, tmp_path):
     with LocalTracesService(tmp_path / "a.db") as first, LocalTracesService(tmp_path / "b.db") as second:
         live = prime_runs.init(
-            "twin", api_key=KEY, base_url=first.url, handle_signals=False, console="off", id="twin-run"
+            "twin",
+            environments=["e"],
+            model="m",
+            team_id="t",
+            api_key=KEY,
+            base_url=first.url,
+            handle_signals=False,
+            console="off",
+            id="twin-run",
         )
         _same_run(live)
         live.finish(timeout_s=FLUSH_TIMEOUT_S)
@@ -197,7 +205,7 @@ def test_rows_not_sent_by_the_deadline_are_kept_for_the_sync(isolated, tmp_path,
     with LocalTracesService(tmp_path / "db") as svc:
         if mode == "online":
             options.update(api_key=KEY, base_url=svc.url)
-        run = prime_runs.init("kept", **options)
+        run = prime_runs.init("kept", environments=["e"], model="m", team_id="t", **options)
     # The service is gone: every send fails from here on.
     for step in range(50):
         run.log({"reward": step}, step=step)

@@ -70,7 +70,14 @@ def test_online_when_a_key_and_url_are_given_creates_the_run(service):
 
 
 def test_offline_is_the_default_when_nothing_is_configured(isolated):
-    run = prime_runs.init("offline-run", kind="eval", handle_signals=False)
+    run = prime_runs.init(
+        "offline-run",
+        environments=["e"],
+        model="m",
+        team_id="t",
+        kind="eval",
+        handle_signals=False,
+    )
     assert run.mode == "offline"
     assert run.url is None
     assert run.log_episodes(episodes("e", 3, members=2))
@@ -93,7 +100,7 @@ def test_a_config_file_in_home_counts_as_configured(isolated, service, tmp_path)
     config = Path(os.environ["HOME"]) / ".prime" / "config.json"
     config.parent.mkdir()
     config.write_text(orjson.dumps({"api_key": KEY, "traces_url": service.url}).decode())
-    run = prime_runs.init("from-file", handle_signals=False)
+    run = prime_runs.init("from-file", environments=["e"], model="m", team_id="t", handle_signals=False)
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
     assert run.mode == "online"
     assert get_run(service, run.id)["status"] == "completed"
@@ -114,7 +121,7 @@ def test_PRIME_RUNS_MODE_overrides_the_default(service, monkeypatch, isolated, e
 def test_an_unknown_PRIME_RUNS_MODE_is_refused(monkeypatch):
     monkeypatch.setenv("PRIME_RUNS_MODE", "bogus")
     with pytest.raises(ValueError, match="PRIME_RUNS_MODE"):
-        prime_runs.init("x", handle_signals=False)
+        prime_runs.init("x", environments=["e"], model="m", team_id="t", handle_signals=False)
 
 
 @pytest.mark.parametrize(("env_mode", "mode"), [("offline", "online"), ("online", "disabled"), ("disabled", "offline")])
@@ -347,7 +354,7 @@ import sys, time
 sys.path.insert(0, {tests!r})
 import prime_runs
 from _wire import episode, trace
-run = prime_runs.init("hung", api_key="k", base_url={url!r})
+run = prime_runs.init("hung", environments=["e"], model="m", team_id="t", api_key="k", base_url={url!r})
 run.log_episodes([episode(f"e{{i}}", [trace(f"e{{i}}-t")]) for i in range(20)])
 print("finishing", flush=True)
 started = time.monotonic()

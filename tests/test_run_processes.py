@@ -97,7 +97,7 @@ def stored_episodes(svc: LocalTracesService) -> dict[str, int]:
 def test_a_script_that_never_finishes_is_crashed_at_exit(service, tmp_path):
     proc = start(
         """
-        run = prime_runs.init("forgetful", kind="eval")
+        run = prime_runs.init("forgetful", environments=["e"], model="m", team_id="t", kind="eval")
         print(run.id)
         run.log_episodes(episodes("e", 5))
         # no finish(): the atexit hook flushes and records "crashed"
@@ -120,7 +120,7 @@ def test_a_script_that_never_finishes_is_crashed_at_exit(service, tmp_path):
 def test_a_signal_finishes_the_run_and_still_ends_the_process(service, tmp_path, signum, status):
     proc = start(
         """
-        run = prime_runs.init("signalled", finish_timeout_s=10)
+        run = prime_runs.init("signalled", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
         run.log_episodes(episodes("e", 5))
         print(run.id)
         while True:  # a training loop that never ends by itself
@@ -161,7 +161,7 @@ def test_sigterm_while_log_holds_the_run_lock_still_records_crashed(service, tmp
     proc = start(
         SIGNALLING_METRICS
         + """
-run = prime_runs.init("signalled", finish_timeout_s=0.5)
+run = prime_runs.init("signalled", environments=["e"], model="m", team_id="t", finish_timeout_s=0.5)
 print(run.id)
 run.log(Metrics(), step=1)
 """,
@@ -196,7 +196,7 @@ import threading, time
 def refuse(self):
     raise RuntimeError({refusal!r})
 
-run = prime_runs.init("signalled", finish_timeout_s=10)
+run = prime_runs.init("signalled", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
 run.log_episodes(episodes("e", 3))
 print(run.id)
 threading.Thread.start = refuse
@@ -215,7 +215,7 @@ run.log(Metrics(), step=1)
 
 RANK0 = """
 import subprocess
-run = prime_runs.init("ddp", kind="train")
+run = prime_runs.init("ddp", environments=["e"], model="m", team_id="t", kind="train")
 assert os.environ["PRIME_RUN_ID"] == run.id
 print(run.id, flush=True)
 rank1 = subprocess.run([sys.executable, "-c", os.environ["RANK1_SCRIPT"]], env={**os.environ, "RANK": "1"},
@@ -233,7 +233,7 @@ run.finish(timeout_s=30)
 RANK1 = (
     PRELUDE
     + """
-run = prime_runs.init("ddp-rank1", kind="train")
+run = prime_runs.init("ddp-rank1", environments=["e"], model="m", team_id="t", kind="train")
 run.log_episodes(episodes("r1-", 3))
 print(run.id, run._finisher.owner)
 # exits without finish(): the atexit hook must flush, and must not finish rank 0's run
@@ -264,7 +264,7 @@ def test_a_rank_other_than_0_without_a_run_id_is_refused(service, tmp_path):
     proc = start(
         """
         try:
-            prime_runs.init("lost-rank", kind="train")
+            prime_runs.init("lost-rank", environments=["e"], model="m", team_id="t", kind="train")
         except prime_runs.PrimeRunsError as err:
             print("refused", "PRIME_RUN_ID" in str(err))
         """,
@@ -284,7 +284,7 @@ from workload import generate_episode
 
 EPISODE_BYTES = 35 * 1024 * 1024
 records = [generate_episode(seed, target_bytes=EPISODE_BYTES) for seed in range(3)]
-run = prime_runs.init("lag", kind="eval")
+run = prime_runs.init("lag", environments=["e"], model="m", team_id="t", kind="eval")
 
 
 async def probe(lags, stop):
@@ -339,7 +339,7 @@ def test_the_event_loop_stays_live_while_35_mb_episodes_upload(tmp_path):
 
 PARENT = """
 import subprocess
-run = prime_runs.init("trainer", kind="train")
+run = prime_runs.init("trainer", environments=["e"], model="m", team_id="t", kind="train")
 print(run.id, flush=True)
 child = subprocess.run([sys.executable, "-c", os.environ["CHILD_SCRIPT"]], env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
@@ -356,7 +356,7 @@ run.finish(status="failed", error="diverged", timeout_s=30)
 CHILD = (
     PRELUDE
     + """
-run = prime_runs.init("eval-worker", kind="eval")
+run = prime_runs.init("eval-worker", environments=["e"], model="m", team_id="t", kind="eval")
 run.log_episodes(episodes("child-", 3))
 run.finish(timeout_s=30)
 print(run.id, run._finisher.owner, flush=True)
@@ -392,7 +392,7 @@ def test_records_logged_just_before_exit_are_stored_on_every_python(service, tmp
     # uploads must still run (on the thread that has them) rather than wait out the timeout.
     proc = start(
         """
-        run = prime_runs.init("exit-early", finish_timeout_s=20)
+        run = prime_runs.init("exit-early", environments=["e"], model="m", team_id="t", finish_timeout_s=20)
         run.log_episodes(episodes("late-", 50))
         print(run.id, flush=True)
         """,

@@ -100,6 +100,9 @@ def test_an_offline_run_keeps_everything_in_run_json(isolated, monkeypatch):
 def test_run_json_never_holds_the_key(isolated, service):
     run = prime_runs.init(
         "secret",
+        environments=["e"],
+        model="m",
+        team_id="t",
         api_key="sk-very-secret-123",
         base_url=service.url,
         save_local=True,

@@ -41,11 +41,11 @@ def test_a_run_started_after_one_finished_off_the_main_thread_is_finished_by_a_s
     proc = start(
         """
         import asyncio
-        first = prime_runs.init("first", finish_timeout_s=10)
+        first = prime_runs.init("first", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
         first.log_episodes(episodes("a", 2))
         # Finished on a helper thread, where signal handlers cannot be changed.
         asyncio.run(first.afinish())
-        second = prime_runs.init("second", finish_timeout_s=10)
+        second = prime_runs.init("second", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
         second.log_episodes(episodes("b", 3))
         print(first.id, second.id)
         while True:  # a training loop that never ends by itself
@@ -86,7 +86,7 @@ LOCKED_SCRIPT = (
     + """
 import logging, signal, threading
 logging.basicConfig()  # the package's warnings to stderr
-run = prime_runs.init("locked", finish_timeout_s=10)
+run = prime_runs.init("locked", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
 run.log_episodes(episodes("e", 5))  # held at the service: the flush after the signal has work to do
 print(run.id, flush=True)
 worker = run._worker
@@ -174,7 +174,7 @@ USER_CODE_SCRIPT = (
     NATIVE_BLOCK
     + """
 import prime_runs._finish.exit_hooks
-run = prime_runs.init("native", finish_timeout_s=10)
+run = prime_runs.init("native", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
 run.log_episodes(episodes("e", 5))  # held at the service until the signal is sent
 print(run.id, flush=True)
 while prime_runs._finish.exit_hooks._handling is None:  # training, in plain user code, until the signal
@@ -201,7 +201,7 @@ def test_sigterm_in_user_code_ends_the_process_before_a_long_native_call(service
 
 WRAPPED_SCRIPT = """
 import signal
-run = prime_runs.init("wrapped", finish_timeout_s=10)
+run = prime_runs.init("wrapped", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
 run.log_episodes(episodes("e", 5))
 ours = signal.getsignal(signal.SIGINT)
 calls = 0
@@ -235,7 +235,7 @@ def test_a_framework_handler_that_wraps_ours_runs_once_per_signal(service, tmp_p
 
 
 EXIT_SCRIPT = """
-run = prime_runs.init("exiting", finish_timeout_s=10)
+run = prime_runs.init("exiting", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
 run.log_episodes(episodes("e", 5))  # held at the service: the exit finish waits for them
 close = run._worker.close
 
@@ -269,7 +269,7 @@ FORK_SCRIPT = """
 import threading
 import requests
 
-run = prime_runs.init("forked", finish_timeout_s=30)
+run = prime_runs.init("forked", environments=["e"], model="m", team_id="t", finish_timeout_s=30)
 run.log_episodes(episodes("p", 2))
 assert run.flush(30)
 pid = os.fork()

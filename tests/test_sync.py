@@ -95,7 +95,16 @@ def test_an_offline_run_arrives_as_the_same_run_online_would_have(isolated, tmp_
 
     with LocalTracesService(tmp_path / "a.db") as first, LocalTracesService(tmp_path / "b.db") as second:
         online_run = prime_runs.init(
-            "twin", kind="train", config={"lr": 1}, api_key=KEY, base_url=first.url, handle_signals=False, id="twin-run"
+            "twin",
+            environments=["e"],
+            model="m",
+            team_id="t",
+            kind="train",
+            config={"lr": 1},
+            api_key=KEY,
+            base_url=first.url,
+            handle_signals=False,
+            id="twin-run",
         )
         same_run(online_run)
         offline_run = offline(isolated / "runs", name="twin", kind="train", config={"lr": 1}, id="twin-run")
