@@ -23,6 +23,7 @@ import logging
 import warnings
 from typing import Any
 
+from prime_runs import metrics, projection
 from prime_runs._start.init import KINDS, MODE_ENV, MODES, TRACES_OPT_OUT_ENV, init
 from prime_runs.errors import (
     ConfigurationError,
@@ -81,6 +82,8 @@ __all__ = [
     "EnvironmentRef",
     "TRACES_OPT_OUT_ENV",
     "MODE_ENV",
+    "metrics",
+    "projection",
     "PrimeRunsError",
     "ConfigurationError",
     "EnvironmentResolutionError",

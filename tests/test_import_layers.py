@@ -194,7 +194,7 @@ def test_layers_without_a_cycle_pass(tmp_path):
 # imports modules of its own stage or of a stage below, never one above.
 PRIME_RUNS_STAGES: list[tuple[str, ...]] = [
     ("prime_runs.cli",),  # the prime-runs command line, the demo and its workload
-    ("prime_runs",),  # the public face
+    ("prime_runs", "prime_runs.metrics", "prime_runs.projection"),  # the public face
     ("prime_runs._start",),  # init(): the mode, the run created or attached, its pipeline
     ("prime_runs.run",),  # Run
     ("prime_runs._finish",),  # finish(), the exit hook, signals
@@ -204,7 +204,7 @@ PRIME_RUNS_STAGES: list[tuple[str, ...]] = [
     ("prime_runs._local",),  # the run directory: segments, run.json, the spool, sync
     ("prime_runs._service",),  # the run on the service: its owner, state and updates
     ("prime_runs._console",),  # the lines on stderr
-    ("prime_runs._records",),  # the sink contract, the ledger, accounting, reasons, lines
+    ("prime_runs._records",),  # the sink contract, the ledger, accounting, reasons, lines, sample rows
     ("prime_runs.errors", "prime_runs.models", "prime_runs.exceptions"),  # the public values and errors
 ]
 PRIME_TRACES_STAGES: list[tuple[str, ...]] = [

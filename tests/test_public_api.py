@@ -87,6 +87,8 @@ PRIME_RUNS_API = [
     "UnauthorizedError",
     "__version__",
     "init",
+    "metrics",
+    "projection",
 ]
 
 
