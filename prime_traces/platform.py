@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+import requests
 
 from prime_traces._api.runs import encode_json
 from prime_traces._http.retry import is_refusal, request_retrying
@@ -296,6 +297,28 @@ class PlatformClient:
         body = {"run_id": run_id, "metrics": dict(metrics)}
         self._send("POST", ("rft", "metrics"), body, replayable=True, deadline_s=deadline_s)
 
+    def presign_training_samples(self, run_id: str, step: int) -> tuple[str, str]:
+        """Where to put a step's legacy sample table: ``(upload URL, storage key)``."""
+        answer = self._send("POST", ("rft", "samples", "presign"), {"run_id": run_id, "step": step}, replayable=True)
+        nested = answer.get("data")
+        data: Mapping[str, Any] = nested if isinstance(nested, Mapping) else answer
+        url = data.get("presignedUrl") or data.get("presigned_url")
+        key = data.get("s3Key") or data.get("s3_key")
+        if not url or not key:
+            where = "POST /rft/samples/presign"
+            raise ResponseFormatError(where, f"no upload URL or key in the answer (keys {sorted(data)})")
+        return str(url), str(key)
+
+    def upload_training_samples(self, url: str, data: bytes) -> None:
+        """PUT a step's Parquet table to its presigned URL (storage: no platform credentials go there)."""
+        retrying = request_retrying(3, resend=_storage_may_resend, sleep=self._sleep)
+        retrying(_put_object, url, data)
+
+    def confirm_training_samples(self, run_id: str, step: int, key: str) -> None:
+        """Tell the platform the step's table is in storage (safe to repeat)."""
+        body = {"run_id": run_id, "step": step, "s3_key": key}
+        self._send("POST", ("rft", "samples", "confirm"), body, replayable=True)
+
     # -- the request ------------------------------------------------------------
 
     def _close(self, path: tuple[str, ...], body: Mapping[str, Any], deadline_s: float | None) -> bool:
@@ -363,3 +386,25 @@ def _environment_id(answer: Mapping[str, Any], what: str) -> str:
     if not found:
         raise ResponseFormatError("environmentshub", f"no id for environment {what!r} in the answer")
     return str(found)
+
+
+def _storage_may_resend(error: BaseException) -> bool:
+    return isinstance(error, (RetryableAPIError, TransportError))
+
+
+def _put_object(url: str, data: bytes) -> None:
+    """One PUT of ``data`` to storage, without our credentials; typed errors as the client's."""
+    try:
+        resp = requests.put(
+            url,
+            data=data,
+            headers={"Content-Type": "application/parquet"},
+            timeout=(10.0, SAMPLES_TIMEOUT_S),
+            allow_redirects=False,
+        )
+    except requests.RequestException as err:
+        raise TransportError(f"uploading samples failed: {type(err).__name__}") from err
+    if resp.status_code >= 500 or resp.status_code == 429:
+        raise RetryableAPIError(resp.status_code, None, f"uploading samples failed: HTTP {resp.status_code}")
+    if resp.status_code >= 300:
+        raise APIError(resp.status_code, None, f"uploading samples failed: HTTP {resp.status_code}")

@@ -11,6 +11,9 @@ of three places (``submitted = stored + dropped + failed + spooled`` per sink):
   - for the record's own fault, and kept aside in ``rejected-*.jsonl.zst``:
     :data:`INVALID_RECORD` (JSON cannot hold it), :data:`RECORD_TOO_LARGE`,
     ``rejected:<code>`` (a line rule, or the service refused it: :func:`rejected`);
+  - not kept by the platform's legacy sample tables (a run whose account has
+    no Prime Traces): :data:`NO_SAMPLE_ROW`, :data:`SAMPLED_OUT`,
+    :data:`LEGACY_UNAVAILABLE`;
   - for no fault of the record's, with nowhere to keep it: :data:`DEADLINE`,
     :data:`SPILL_TIMEOUT`, :data:`DISK_ERROR`, :data:`SINK_RETIRED`,
     :data:`SINK_INCOMPLETE`, ``sink_error:<exception>``,
@@ -52,6 +55,12 @@ DISK_ERROR = "disk_error"
 SINK_RETIRED = "sink_retired"
 #: The sink returned without accounting for every record.
 SINK_INCOMPLETE = "sink_incomplete"
+#: The legacy sample tables hold episode objects only: this record has no row there.
+NO_SAMPLE_ROW = "no_sample_row"
+#: The legacy training table keeps every tenth step's episodes.
+SAMPLED_OUT = "sampled_out"
+#: The legacy training table needs pyarrow, which is not installed.
+LEGACY_UNAVAILABLE = "legacy_unavailable"
 REFUSED = "refused"
 SINK_ERROR = "sink_error"
 SPOOL_ERROR = "spool_error"

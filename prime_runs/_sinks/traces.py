@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prime_runs._local.spool import Spool
@@ -25,6 +25,7 @@ from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import RunStamp
 from prime_runs._records.sink import OnResynced, Sink, SinkStatus
 from prime_runs._records.size_meter import SizeMeter
+from prime_runs._sinks.legacy import LegacySamples
 from prime_runs._sinks.outage import Outage
 from prime_runs._sinks.traces_write import FailureWarnings, SinkWrite
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, DEFAULT_UPLOAD_ATTEMPTS, MAX_BATCH_BYTES, TracesClient
@@ -70,6 +71,8 @@ class TracesSink(Sink):
         max_transient_failures: int = DEFAULT_MAX_TRANSIENT_FAILURES,
         owns_client: bool = False,
         spool: Spool | None = None,
+        legacy: LegacySamples | None = None,
+        opted_out: bool = False,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
@@ -93,13 +96,55 @@ class TracesSink(Sink):
         self.owns_client = owns_client
         #: Rate-limits the warnings about records not delivered, across this sink's writes.
         self.warnings = FailureWarnings()
+        #: The platform's legacy sample tables, for an account without Prime Traces (``traces_opt_out`` too).
+        self.legacy = legacy
+        self._lock = threading.Lock()
+        self._committed = False
+        #: Records of this run the service stored: episodes with members (an evaluation's completion count).
+        self.episodes_written = 0
+        self.routed_to_legacy = False
+        if opted_out:
+            if legacy is None:
+                raise ValueError("opted_out needs the legacy tables to write to")
+            self.routed_to_legacy = True
+            logger.info("traces sink: opted out of Prime Traces; records go to the legacy sample tables")
 
     def __repr__(self) -> str:
         return f"TracesSink(client={self.client!r}, stamp={self.stamp!r})"
 
     def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
         """Upload ``records``, reporting each into ``ledger``; ``TRANSIENT`` is a strike."""
+        if self.routed_to_legacy:
+            return self.write_legacy(records, range(len(records)), ledger)
         return SinkWrite(self, records, line_format, ledger, cancel).run()
+
+    def committed(self, indexes: Sequence[int], records: Sequence[Any], line_format: str) -> None:
+        """A batch of the run's records was stored (a write tells it as each batch commits)."""
+        episodes = 0
+        if line_format == "episode":
+            episodes = sum(1 for index in indexes if _has_members(records[index]))
+        with self._lock:
+            self._committed = True
+            self.episodes_written += episodes
+
+    def route_to_legacy(self) -> bool:
+        """The account has no Prime Traces: route this and every later write to the legacy tables.
+
+        Only before anything of the run was stored there, and only with legacy
+        tables to write to; False otherwise (the refusal is then the sink's).
+        """
+        with self._lock:
+            if self.legacy is None or self._committed:
+                return False
+            first = not self.routed_to_legacy
+            self.routed_to_legacy = True
+        if first:
+            logger.info("traces sink: Prime Traces is not enabled for this account; records go to the legacy tables")
+        return True
+
+    def write_legacy(self, records: Sequence[Any], indexes: Sequence[int], ledger: Ledger) -> SinkStatus:
+        assert self.legacy is not None
+        return self.legacy.write(records, indexes, ledger)
 
     def count_resynced(self, on_resynced: OnResynced) -> None:
         if self.outage is not None:
@@ -114,8 +159,10 @@ class TracesSink(Sink):
             self.outage.close()
 
     def stats(self) -> dict[str, Any]:
-        """The client's in-flight window and refusals, and whether the service is down."""
+        """The client's in-flight window and refusals, whether the service is down, where records go."""
         stats = self.client.upload_stats()
+        stats["episodes_written"] = self.episodes_written
+        stats["routed"] = "legacy_samples" if self.routed_to_legacy else "traces"
         if self.outage is not None:
             stats.update(self.outage.snapshot())
         return stats
@@ -127,3 +174,8 @@ class TracesSink(Sink):
             self.client.close()
         if self.spool is not None:
             self.spool.close()
+
+
+def _has_members(record: Any) -> bool:
+    members = record.get("traces") if isinstance(record, Mapping) else getattr(record, "traces", None)
+    return bool(members)

@@ -89,6 +89,8 @@ logger = logging.getLogger(__name__)
 
 #: At most one warning about records not stored per this many seconds; the rest go to debug.
 WARNING_INTERVAL_S = 60.0
+#: The 403 code that says the account has no Prime Traces (contract §10): the legacy tables take over.
+SERVICE_NOT_ENABLED = "service_not_enabled"
 #: Refusals that no later request can get past: the sink retires at once.
 PERMANENT_STATUSES = frozenset({401, 402, 403, 404})
 
@@ -156,6 +158,12 @@ class UploadSink(Protocol):
     #: Set by a write refused for good.
     permanent_refusal: str | None
     warnings: FailureWarnings
+
+    def committed(self, indexes: Sequence[int], records: Sequence[Any], line_format: str) -> None: ...
+
+    def route_to_legacy(self) -> bool: ...
+
+    def write_legacy(self, records: Sequence[Any], indexes: Sequence[int], ledger: Ledger) -> SinkStatus: ...
 
 
 class SinkWrite:
@@ -245,7 +253,9 @@ class SinkWrite:
         def on_batch(batch: Any, _receipt: Any) -> None:
             announced.add(batch.index)
             positions = encoded.line_records
-            self.ledger.stored([group[positions[j]] for j in batch.line_indexes], batch.size_bytes)
+            stored = [group[positions[j]] for j in batch.line_indexes]
+            self.ledger.stored(stored, batch.size_bytes)
+            self.sink.committed(stored, self.records, self.line_format)
 
         try:
             self.sink.client.upload_lines(
@@ -343,6 +353,12 @@ class SinkWrite:
         if sink_refusal is not None:
             # Every later request would be refused alike: the rest of the write is kept for a sync.
             left = refused + resend + [p for s in splits for p in s]
+            if sink_refusal.code == SERVICE_NOT_ENABLED and self.sink.route_to_legacy():
+                # The account has no Prime Traces: this write's records, and every later one, go to the legacy tables.
+                rest = sorted([group[p] for p in left] + [i for g in self.groups for i in g])
+                self.groups.clear()
+                self.status = self.sink.write_legacy([self.records[i] for i in rest], rest, self.ledger)
+                return
             reason = refusal_reason(sink_refusal)
             self._undeliver(
                 [group[p] for p in left] + [i for g in self.groups for i in g], reason, outcome_text(sink_refusal)
