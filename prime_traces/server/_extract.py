@@ -133,10 +133,28 @@ def is_truncated_of(trace: Mapping[str, Any]) -> bool:
     return bool(clean) and clean[-1].get("finish_reason") == "length"
 
 
+def _call_tokens(usage: Any) -> int | None:
+    """A call's ``total_tokens``, else its prompt (or input) plus completion tokens; None without any."""
+    total = _int(dig(usage, "total_tokens"))
+    if total is not None:
+        return total
+    prompt = _int(dig(usage, "prompt_tokens"))
+    if prompt is None:
+        prompt = _int(dig(usage, "input_tokens"))
+    completion = _int(dig(usage, "completion_tokens"))
+    if prompt is None and completion is None:
+        return None
+    return (prompt or 0) + (completion or 0)
+
+
 def total_tokens_of(trace: Mapping[str, Any]) -> int:
-    """The last call's total, so context re-sent on every turn is counted once."""
+    """The last call's total, so context re-sent on every turn is counted once.
+
+    A usage without ``total_tokens`` (verifiers 0.4 serialises only
+    ``prompt_tokens`` and ``completion_tokens``) counts their sum.
+    """
     for call in reversed(_calls(trace)):
-        total = _int(dig(call, "usage", "total_tokens"))
+        total = _call_tokens(call.get("usage"))
         if total is not None:
             return total
     return 0

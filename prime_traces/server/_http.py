@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from prime_traces.server._state import ServiceState
 
 API_PREFIX = "/api/v1"
+#: The platform's internal root (contract §10): the platform's run routes answer here too.
+INTERNAL_PREFIX = "/api/internal"
 UPLOAD_PATH = API_PREFIX + "/traces"
 RUNS_PATH = API_PREFIX + "/runs/"
 ACCEPT_ENCODING = "zstd, gzip"
@@ -146,10 +148,24 @@ class Request:
 Route = tuple[str, "re.Pattern[str]", Callable[[Request], Response]]
 
 
-def route(method: str, pattern: str, func: Callable[[Request], Response]) -> Route:
-    """A route for ``pattern`` under ``/api/v1``; ``{name}`` matches one segment."""
-    regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
-    return (method, re.compile(f"^{re.escape(API_PREFIX)}{regex}$"), func)
+def _segments(pattern: str) -> str:
+    """``pattern`` as a regular expression: ``{name}`` matches one path segment."""
+    return re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
+
+
+def route(method: str, pattern: str, func: Callable[[Request], Response], prefix: str = API_PREFIX) -> Route:
+    """A route for ``pattern`` under ``prefix`` (``/api/v1``); ``{name}`` matches one segment."""
+    return (method, re.compile(f"^{re.escape(prefix)}{_segments(pattern)}$"), func)
+
+
+def platform_routes(method: str, pattern: str, func: Callable[[Request], Response]) -> list[Route]:
+    """``pattern`` under ``/api/v1`` and under the internal root ``/api/internal`` (contract §10)."""
+    return [route(method, pattern, func), route(method, pattern, func, prefix=INTERNAL_PREFIX)]
+
+
+def open_route(method: str, pattern: str, func: Callable[[Request], Response]) -> Route:
+    """A route outside ``/api`` answered without credentials: the request carries its own (a URL token)."""
+    return (method, re.compile(f"^{_segments(pattern)}$"), func)
 
 
 def page_route(pattern: str, func: Callable[[Request], Response]) -> Route:
@@ -158,8 +174,13 @@ def page_route(pattern: str, func: Callable[[Request], Response]) -> Route:
 
 
 def is_api_path(path: str) -> bool:
-    """Whether ``path`` is under ``/api/v1``, where every request needs a bearer token."""
-    return path == API_PREFIX or path.startswith(API_PREFIX + "/")
+    """Whether ``path`` is under ``/api/v1`` or the internal root, where every request needs a credential."""
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in (API_PREFIX, INTERNAL_PREFIX))
+
+
+def is_internal_path(path: str) -> bool:
+    """Whether ``path`` is under ``/api/internal``, where ``x-api-key`` may carry the token instead."""
+    return path == INTERNAL_PREFIX or path.startswith(INTERNAL_PREFIX + "/")
 
 
 def producer_of(token: str) -> str:

@@ -37,6 +37,7 @@ from prime_traces.server._http import (
     Response,
     Route,
     is_api_path,
+    is_internal_path,
     json_response,
     producer_of,
     retry_after_value,
@@ -216,26 +217,37 @@ class RequestHandler(BaseHTTPRequestHandler):
                 continue
             params = {k: unquote(v) for k, v in match.groupdict().items()}
             # The viewer's files hold no data, and the page must load to ask for a key.
-            producer = self._authenticate(state) if is_api_path(path) else ""
+            producer = self._authenticate(state, path) if is_api_path(path) else ""
             query = parse_qs(query_string, keep_blank_values=True)
             req = Request(method, path, params, query, self.headers, producer, state, self)
             return func(req)
-        self._authenticate(state)
+        self._authenticate(state, path)
         if any(p.match(path) for _, p, _ in routes):
             raise HTTPError(405, None, f"method {method} not allowed on {path}")
         raise HTTPError(404, ErrorCode.NOT_FOUND, f"no such route: {path}")
 
-    def _authenticate(self, state: ServiceState) -> str:
-        header = self.headers.get("Authorization") or ""
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise HTTPError(401, ErrorCode.UNAUTHENTICATED, "missing bearer token")
-        if state.api_key is not None and not hmac.compare_digest(
-            token.encode("utf-8", "surrogatepass"), state.api_key.encode("utf-8")
-        ):
-            raise HTTPError(401, ErrorCode.UNAUTHENTICATED, "invalid API key")
-        return producer_of(token)
+    def _authenticate(self, state: ServiceState, path: str) -> str:
+        """The producer label of the request's credential, or 401.
+
+        The bearer token, and on the internal root also ``x-api-key`` (the
+        platform's launcher sends both there); any one that matches the
+        service's key is enough.
+        """
+        scheme, _, bearer = (self.headers.get("Authorization") or "").partition(" ")
+        tokens = [bearer.strip()] if scheme.lower() == "bearer" and bearer.strip() else []
+        internal = is_internal_path(path)
+        if internal and (self.headers.get("x-api-key") or "").strip():
+            tokens.append(self.headers["x-api-key"].strip())
+        if not tokens:
+            wanted = "bearer token or x-api-key" if internal else "bearer token"
+            raise HTTPError(401, ErrorCode.UNAUTHENTICATED, f"missing {wanted}")
+        if state.api_key is None:
+            return producer_of(tokens[0])
+        expected = state.api_key.encode("utf-8")
+        for token in tokens:
+            if hmac.compare_digest(token.encode("utf-8", "surrogatepass"), expected):
+                return producer_of(token)
+        raise HTTPError(401, ErrorCode.UNAUTHENTICATED, "invalid API key")
 
     def _send(self, response: Response) -> None:
         # The read timeout is for reads: a client may take its time over a long

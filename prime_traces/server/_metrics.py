@@ -176,9 +176,12 @@ def _merge_stepped(conn: sqlite3.Connection, run_id: str, stepped: dict[int, tup
     return len(inserts) + len(updates)
 
 
-def post_metrics(req: Request) -> Response:
-    run_id = req.params["run_id"]
-    rows = parse_rows(req.json_body(max_bytes=MAX_METRICS_BODY_BYTES))
+def store_rows(conn: sqlite3.Connection, run_id: str, rows: list[Row]) -> int:
+    """Store valid ``rows`` of ``run_id`` inside the caller's transaction; returns how many rows changed.
+
+    Stepped rows merge into their step's row (rows of one step merge in
+    order first); unstepped rows are appended.
+    """
     stepped: dict[int, tuple[float, dict[str, Any]]] = {}
     unstepped: list[tuple[str, float, str]] = []
     for step, when, metrics in rows:
@@ -189,11 +192,18 @@ def post_metrics(req: Request) -> Response:
             stepped[step] = (max(earlier_time, when), {**earlier, **metrics})
         else:
             stepped[step] = (when, metrics)
+    changed = _merge_stepped(conn, run_id, stepped) if stepped else 0
+    conn.executemany("INSERT INTO run_metrics (run_id, step, time, metrics) VALUES (?, NULL, ?, ?)", unstepped)
+    return changed + len(unstepped)
+
+
+def post_metrics(req: Request) -> Response:
+    run_id = req.params["run_id"]
+    rows = parse_rows(req.json_body(max_bytes=MAX_METRICS_BODY_BYTES))
     with req.state.store.writer() as conn:
         require_run(conn, run_id)
-        changed = _merge_stepped(conn, run_id, stepped) if stepped else 0
-        conn.executemany("INSERT INTO run_metrics (run_id, step, time, metrics) VALUES (?, NULL, ?, ?)", unstepped)
-    logger.debug("run %r: %d metric rows accepted, %d stored rows changed", run_id, len(rows), changed + len(unstepped))
+        changed = store_rows(conn, run_id, rows)
+    logger.debug("run %r: %d metric rows accepted, %d stored rows changed", run_id, len(rows), changed)
     return json_response(200, {"accepted": len(rows)})
 
 

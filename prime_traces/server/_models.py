@@ -123,7 +123,11 @@ def _distinct_ids(text: str | None) -> list[str]:
 
 
 def run_summary(row: Any) -> dict[str, Any]:
-    """RunSummary with the §9 lifecycle fields (null for a run known only from traces)."""
+    """RunSummary with the §9 lifecycle fields (null for a run known only from traces).
+
+    ``platform`` is what the platform's run routes (§10) were told about the
+    run, null for a run created otherwise.
+    """
     lifecycle = bool(row["lc_exists"])
     return {
         "run_id": row["run_id"],
@@ -151,6 +155,7 @@ def run_summary(row: Any) -> dict[str, Any]:
         "error": row["lc_error"],
         "created_at": _iso_or_none(row["lc_created_at"]),
         "finished_at": _iso_or_none(row["lc_finished_at"]),
+        "platform": _json_or_none(row["lc_platform"]),
     }
 
 
@@ -180,6 +185,7 @@ def lifecycle_view(row: Any, url: str) -> dict[str, Any]:
         "created_at": iso(row["created_at"]),
         "finished_at": _iso_or_none(row["finished_at"]),
         "created_by": row["created_by"],
+        "platform": _json_or_none(row["platform"]),
     }
 
 

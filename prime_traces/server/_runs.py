@@ -28,6 +28,9 @@ Choices where the contracts leave room:
 - ``GET /runs/{id}`` adds ``metrics``, the summary of the run's metrics
   history (``_metrics.metrics_summary``; ``{}`` without one); the runs list
   does not carry it.
+- Runs the platform's routes create (§10, ``_platform``) are rows of the same
+  table, listed and summarised alike; their ``platform`` field holds what
+  those routes were told (null for every other run).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ joined AS (
            r.run_id IS NOT NULL AS lc_exists, r.name AS lc_name, r.kind AS lc_kind,
            r.status AS lc_status, r.config AS lc_config, r.summary AS lc_summary,
            r.tags AS lc_tags, r.error AS lc_error, r.created_at AS lc_created_at,
-           r.finished_at AS lc_finished_at
+           r.finished_at AS lc_finished_at, r.platform AS lc_platform
     FROM ids
     LEFT JOIN agg ON agg.run_id = ids.run_id
     LEFT JOIN runs AS r ON r.run_id = ids.run_id
@@ -213,6 +216,14 @@ def _url(req: Request, run_id: str) -> str:
     return f"{req.base_url()}/api/v1/runs/{quote(run_id, safe='')}"
 
 
+def new_run_id(conn: sqlite3.Connection, prefix: str) -> str:
+    """``<prefix>-<12 hex>``, unused by any run with a lifecycle row."""
+    while True:
+        candidate = f"{prefix}-{secrets.token_hex(6)}"
+        if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (candidate,)).fetchone() is None:
+            return candidate
+
+
 def create_run(req: Request) -> Response:
     body = _body(req)
     name = _string_field(body, "name")
@@ -229,10 +240,8 @@ def create_run(req: Request) -> Response:
     if run_id is not None:
         _check_run_id(run_id)
     with req.state.store.writer() as conn:
-        while run_id is None:
-            candidate = f"run-{secrets.token_hex(6)}"
-            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (candidate,)).fetchone() is None:
-                run_id = candidate
+        if run_id is None:
+            run_id = new_run_id(conn, "run")
         row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         created = row is None
         if created:
@@ -259,7 +268,7 @@ def create_run(req: Request) -> Response:
     return json_response(201, {**m.lifecycle_view(row, _url(req, run_id)), "created": created})
 
 
-def _adopt_traced_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
+def adopt_traced_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
     """The lifecycle row of a run known only from traces, created now; None if unknown."""
     first = conn.execute(
         "SELECT run_type, producer FROM traces WHERE run_id = ? ORDER BY seq LIMIT 1", (run_id,)
@@ -289,7 +298,7 @@ def patch_run(req: Request) -> Response:
     with req.state.store.writer() as conn:
         row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
-            row = _adopt_traced_run(conn, run_id)
+            row = adopt_traced_run(conn, run_id)
         if row is None:
             raise HTTPError(404, ErrorCode.RUN_NOT_FOUND, f"run {run_id!r} not found")
         current = row["status"]

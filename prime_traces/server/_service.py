@@ -1,7 +1,8 @@
 """The local Traces service as an object: start, stop, its URL and state.
 
 The top layer of the service: it puts the route table together from every
-handler module's ``ROUTES`` (``GET /_stats`` is its own; the viewer's files
+handler module's ``ROUTES`` (``GET /_stats`` is its own; the platform's run
+routes of contract §10 from the ``_platform_*`` modules; the viewer's files
 unless ``ui=False``) and hands it to the listener with the state.
 """
 
@@ -14,7 +15,18 @@ import tempfile
 import threading
 from typing import Any
 
-from prime_traces.server import _metrics, _reads, _runs, _ui, _upload, _viewer
+from prime_traces.server import (
+    _metrics,
+    _platform_evals,
+    _platform_files,
+    _platform_hub,
+    _platform_rft,
+    _reads,
+    _runs,
+    _ui,
+    _upload,
+    _viewer,
+)
 from prime_traces.server._body import DEFAULT_MAX_BODY_MEMORY_BYTES, DEFAULT_READ_TIMEOUT_S, MemoryBudget
 from prime_traces.server._faults import (
     DEFAULT_MAX_UPLOADS_IN_FLIGHT,
@@ -46,6 +58,10 @@ ROUTES: list[Route] = [
     *_metrics.ROUTES,
     *_reads.ROUTES,
     *_viewer.ROUTES,
+    *_platform_hub.ROUTES,
+    *_platform_evals.ROUTES,
+    *_platform_rft.ROUTES,
+    *_platform_files.ROUTES,
     route("GET", "/_stats", get_stats),
 ]
 
@@ -127,6 +143,7 @@ class LocalTracesService:
             "max_body_bytes": max_body_bytes,
             "saturated_retry_after_s": saturated_retry_after_s,
             "read_timeout_s": read_timeout_s,
+            "ui": ui,
         }
         self.ui = ui
         self._limit = max_uploads_in_flight

@@ -35,6 +35,8 @@ class ServiceState:
     max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
     saturated_retry_after_s: float = DEFAULT_SATURATED_RETRY_AFTER_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    #: Whether the web viewer is served, so that answers can link to its pages.
+    ui: bool = True
     stopping: threading.Event = field(default_factory=threading.Event)
 
 

@@ -1,14 +1,9 @@
-"""SQLite storage of the local Traces service: schema, connections, commits.
+"""SQLite storage of the local Traces service: connections, transactions, upload commits.
 
 One writer connection, serialised by a lock (SQLite admits one writer at a
 time anyway); reads open their own short-lived connection so a long raw
-stream never holds up ingest. WAL mode lets both proceed at once.
-
-Times are stored as epoch seconds (REAL); documents live in their own tables
-(``trace_docs``, ``episode_docs``) so that list queries never page through
-multi-megabyte blobs. A run's metrics history (``run_metrics``) holds one row
-per stepped ``(run_id, step)`` (the unique index; SQLite's NULLs are
-distinct, so unstepped rows may repeat), its metrics a JSON object in text.
+stream never holds up ingest. WAL mode lets both proceed at once. The
+tables are described, created and upgraded in ``_schema``.
 """
 
 from __future__ import annotations
@@ -24,101 +19,9 @@ from typing import Any
 
 import orjson
 
-logger = logging.getLogger(__name__)
+from prime_traces.server._schema import apply_schema
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS uploads (
-    upload_id      TEXT PRIMARY KEY,
-    line_format    TEXT NOT NULL,
-    receipt        TEXT NOT NULL,
-    producer       TEXT NOT NULL,
-    context        TEXT NOT NULL,
-    schema_version INTEGER NOT NULL,
-    line_count     INTEGER NOT NULL,
-    size_bytes     INTEGER NOT NULL,
-    ingested_at    REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS traces (
-    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
-    trace_id       TEXT NOT NULL,
-    upload_id      TEXT NOT NULL,
-    episode_id     TEXT,
-    episode_seq    INTEGER,
-    created_at     REAL NOT NULL,
-    ingested_at    REAL NOT NULL,
-    run_id         TEXT,
-    run_type       TEXT,
-    run_step       INTEGER,
-    environment_id TEXT,
-    model_provider TEXT,
-    model_id       TEXT,
-    task_id        TEXT,
-    agent_name     TEXT,
-    reward         REAL,
-    outcome        TEXT,
-    has_error      INTEGER NOT NULL,
-    is_truncated   INTEGER NOT NULL,
-    duration_ms    INTEGER NOT NULL,
-    total_tokens   INTEGER NOT NULL,
-    size_bytes     INTEGER NOT NULL,
-    context        TEXT NOT NULL,
-    producer       TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS traces_created ON traces (created_at DESC, seq DESC);
-CREATE INDEX IF NOT EXISTS traces_trace_id ON traces (trace_id);
-CREATE INDEX IF NOT EXISTS traces_run ON traces (run_id, created_at DESC);
-CREATE INDEX IF NOT EXISTS traces_episode ON traces (episode_seq);
-CREATE INDEX IF NOT EXISTS traces_upload ON traces (upload_id);
-CREATE TABLE IF NOT EXISTS trace_docs (
-    seq INTEGER PRIMARY KEY,
-    raw BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS episodes (
-    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
-    episode_id     TEXT NOT NULL,
-    upload_id      TEXT NOT NULL,
-    schema_version INTEGER NOT NULL,
-    created_at     REAL NOT NULL,
-    ingested_at    REAL NOT NULL,
-    run_id         TEXT,
-    environment_id TEXT,
-    outcome        TEXT,
-    has_error      INTEGER NOT NULL,
-    error_type     TEXT,
-    error_message  TEXT,
-    context        TEXT NOT NULL,
-    producer       TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS episodes_created ON episodes (created_at DESC, seq DESC);
-CREATE INDEX IF NOT EXISTS episodes_episode_id ON episodes (episode_id);
-CREATE INDEX IF NOT EXISTS episodes_run ON episodes (run_id);
-CREATE TABLE IF NOT EXISTS episode_docs (
-    seq INTEGER PRIMARY KEY,
-    raw BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id      TEXT PRIMARY KEY,
-    name        TEXT,
-    kind        TEXT,
-    config      TEXT NOT NULL,
-    summary     TEXT NOT NULL,
-    tags        TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    error       TEXT,
-    created_at  REAL NOT NULL,
-    finished_at REAL,
-    created_by  TEXT
-);
-CREATE TABLE IF NOT EXISTS run_metrics (
-    seq     INTEGER PRIMARY KEY,
-    run_id  TEXT NOT NULL,
-    step    INTEGER,
-    time    REAL NOT NULL,
-    metrics TEXT NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS run_metrics_step ON run_metrics (run_id, step);
-CREATE INDEX IF NOT EXISTS run_metrics_unstepped ON run_metrics (run_id, time) WHERE step IS NULL;
-"""
+logger = logging.getLogger(__name__)
 
 TRACE_COLUMNS = (
     "trace_id",
@@ -224,7 +127,7 @@ class Store:
         os.makedirs(parent, exist_ok=True)
         self._write_lock = threading.Lock()
         self._writer = _connect(self.path)
-        self._writer.executescript(SCHEMA)
+        apply_schema(self._writer)
 
     def close(self) -> None:
         with self._write_lock:

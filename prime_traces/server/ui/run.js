@@ -1,4 +1,4 @@
-// A run: status, config and summary, one chart per metric, its episodes (sortable, paged).
+// A run: status, config, summary (and what the platform's routes were told), one chart per metric, its episodes (sortable, paged).
 import { getJSON, seg } from "./api.js";
 import { metricsSection } from "./charts.js";
 import { clear, el, fmtBytes, fmtDuration, fmtNumber, fmtTime, pager, statusBadge } from "./dom.js";
@@ -102,7 +102,14 @@ export async function runPage(main, runId, ctx) {
   clear(main).append(
     el("h1", {}, run.name || run.run_id, " ", status, " ", stale),
     facts(run),
-    el("div", { class: "blocks" }, jsonBlock("Config", run.config), jsonBlock("Summary", run.summary)),
+    el(
+      "div",
+      { class: "blocks" },
+      jsonBlock("Config", run.config),
+      jsonBlock("Summary", run.summary),
+      // What the platform's run routes were told (environments, model, team): runs created through them only.
+      ...(run.platform ? [jsonBlock("Platform", run.platform)] : []),
+    ),
     chartSection,
     episodeSection,
   );
