@@ -98,3 +98,13 @@ def fail_once(page: Any, url_glob: str) -> None:
         route.fulfill(status=503, content_type="application/json", body=_RESTARTING)
 
     page.route(url_glob, handle)
+
+
+def drag_across(page: Any, chart: Any, start: float, end: float) -> None:
+    """Drag over ``chart`` from ``start`` to ``end`` (fractions of its plot's width): a zoom."""
+    box = chart.locator(".u-over").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * start, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * end, y, steps=5)
+    page.mouse.up()

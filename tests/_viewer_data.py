@@ -3,10 +3,12 @@
 :func:`store_rl_run` writes a train run with three metrics over 1,000 steps
 (NaN in one of them) and 50 one-trace episodes with distinct rewards;
 :func:`store_big_episode` a run holding one episode of about 35 MB;
-:func:`store_hostile_episode` an episode whose records hold markup::
+:func:`store_hostile_episode` an episode whose records hold markup;
+:func:`log` posts history rows (built by :func:`rows`) to a run::
 
     rl = store_rl_run(svc)
     page.goto(f"{svc.url}/#/run/{rl.run_id}")
+    log(svc, rl.run_id, rows(range(1000, 1010), loss=0.1))
 """
 
 from __future__ import annotations
@@ -37,6 +39,20 @@ class StoredRun:
     run_id: str
     name: str
     episode_rewards: dict[str, float] = field(default_factory=dict)
+
+
+def rows(steps: range, **metrics: Any) -> list[dict[str, Any]]:
+    """One history row per step; each metric a function of the step (or a constant)."""
+    return [
+        {"step": s, "time": 1.7e9 + s, "metrics": {k: f(s) if callable(f) else f for k, f in metrics.items()}}
+        for s in steps
+    ]
+
+
+def log(svc: Any, run_id: str, history: list[dict[str, Any]]) -> None:
+    """Post ``history`` to run ``run_id``'s metrics."""
+    resp = api(svc, "POST", f"/runs/{run_id}/metrics", json={"rows": history})
+    assert resp.status_code == 200, resp.text
 
 
 def conversation(episode: int, answer: str = "4") -> list[dict[str, Any]]:

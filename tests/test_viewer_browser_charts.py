@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _browser import Page, fail_once
+from _browser import Page, drag_across, fail_once
 from _upload_helpers import api
+from _viewer_data import log, rows
 
 from prime_traces.server import LocalTracesService
 
@@ -27,18 +28,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(60)]
 
 #: run.js's REFRESH_MS: how often a running run's page asks for new rows.
 REFRESH_MS = 5000
-
-
-def rows(steps: range, **metrics: Any) -> list[dict[str, Any]]:
-    """One history row per step; each metric a function of the step (or a constant)."""
-    return [
-        {"step": s, "time": 1.7e9 + s, "metrics": {k: f(s) if callable(f) else f for k, f in metrics.items()}}
-        for s in steps
-    ]
-
-
-def log(svc: LocalTracesService, run_id: str, history: list[dict[str, Any]]) -> None:
-    assert api(svc, "POST", f"/runs/{run_id}/metrics", json={"rows": history}).status_code == 200
 
 
 @pytest.fixture
@@ -66,16 +55,6 @@ def open_run(page: Page) -> Any:
     expect(p.locator("#run-episodes h2")).to_be_visible()
     expect(p.locator(".chart").first).to_be_visible()
     return p
-
-
-def drag_across(p: Any, chart: Any, start: float, end: float) -> None:
-    """Drag over ``chart`` from ``start`` to ``end`` (fractions of its width): a zoom."""
-    box = chart.locator(".u-over").bounding_box()
-    y = box["y"] + box["height"] / 2
-    p.mouse.move(box["x"] + box["width"] * start, y)
-    p.mouse.down()
-    p.mouse.move(box["x"] + box["width"] * end, y, steps=5)
-    p.mouse.up()
 
 
 def test_a_metric_first_logged_while_the_page_is_open_gets_its_chart(running, opened) -> None:

@@ -3,6 +3,7 @@
 // as red marks. While the run is running, new rows extend the charts (keeping a zoom)
 // and a metric seen for the first time gets its chart.
 import { getAll, seg } from "./api.js";
+import { chartAxes } from "./axes.js";
 import { clear, el, fmtNumber } from "./dom.js";
 
 const NON_FINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
@@ -63,10 +64,11 @@ function metricChart(name, s, weight, grid) {
   const box = el("div", { class: "chart", dataset: { metric: name, points: String(s.steps.length), marks: marks() } });
   box.append(el("h3", { text: name }));
   grid.insertBefore(box, [...grid.children].find((other) => other.dataset.metric > name) || null);
+  const axes = chartAxes(box);
   const opts = {
     width: Math.max(240, box.clientWidth - 12),
     height: 220,
-    scales: { x: { time: false } },
+    scales: axes.scales,
     cursor: { drag: { x: true, y: false } },
     legend: { live: true },
     series: [
@@ -81,7 +83,7 @@ function metricChart(name, s, weight, grid) {
         value: (u, v, si, i) => (i === null || i === undefined || v === null ? "—" : s.raw[i] ?? "—"),
       },
     ],
-    axes: [{ label: "step" }, {}],
+    axes: axes.axes,
     hooks: {
       // The visible step range, on the element too (zoom state a reader or a test can see).
       setScale: [
@@ -91,6 +93,7 @@ function metricChart(name, s, weight, grid) {
           box.dataset.xMax = String(Math.round(u.scales.x.max));
         },
       ],
+      draw: [axes.draw],
     },
   };
   const plot = new window.uPlot(opts, chartData(s, weight), box);
