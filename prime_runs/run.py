@@ -19,7 +19,7 @@ from prime_runs._local.run_file import RunFile
 from prime_runs._local.rundir import RunDirectory
 from prime_runs._records.sink import Sink
 from prime_runs._records.size_meter import SizeMeter
-from prime_runs._service.ownership import ENV_RUN_ID
+from prime_runs._service.ownership import ENV_RUN_ID, ENV_RUN_KIND
 from prime_runs._service.platform_runs import RunSpec
 from prime_runs._service.state import RunState
 from prime_runs._service.updates import RunUpdates
@@ -79,6 +79,7 @@ class Run:
         service_url: str | None = None,
         attached: bool = False,
         spec: RunSpec | None = None,
+        platform_url: str | None = None,
         release: Callable[[], Any] | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
@@ -99,6 +100,7 @@ class Run:
         self._service_url = service_url
         self._attached = attached
         self._spec = spec
+        self._platform_url = platform_url
         self._errors: list[str] = []
         self._worker = (
             UploadWorker(
@@ -345,6 +347,7 @@ class Run:
             "status": state.status,
             "error": state.error,
             "service_url": self._service_url,
+            "platform_url": self._platform_url,
             "url": self.url,
             "finished_at": state.finished_at,
             "attached": self._attached,
@@ -489,6 +492,7 @@ class Run:
         self._finisher.after_fork_in_child()
         if self.mode == "online":
             os.environ.setdefault(ENV_RUN_ID, self.id)
+            os.environ.setdefault(ENV_RUN_KIND, self.kind)
 
 
 def _describe(error: str | BaseException | None) -> str | None:

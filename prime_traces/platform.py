@@ -54,6 +54,7 @@ __all__ = [
     "ENV_PLATFORM_URL",
     "PlatformClient",
     "PlatformConfig",
+    "configured_platform_url",
     "resolve_platform",
     "split_api_root",
 ]
@@ -145,9 +146,20 @@ def resolve_platform(
         key = _clean_api_key(env.get(ENV_API_KEY) or "", ENV_API_KEY) or _clean_api_key(
             _file_str(values, "api_key"), "api_key in ~/.prime/config.json"
         )
-    front = frontend_url or env.get(ENV_FRONTEND_URL) or _file_str(values, "frontend_url") or DEFAULT_FRONTEND_URL
     origin, api_path = split_api_root(url)
+    # Another platform than the hosted one (the local service) serves its run pages from its own origin.
+    default_front = DEFAULT_FRONTEND_URL if origin == DEFAULT_BASE_URL else origin
+    front = frontend_url or env.get(ENV_FRONTEND_URL) or _file_str(values, "frontend_url") or default_front
     return PlatformConfig(key, origin, api_path, front.rstrip("/"))
+
+
+def configured_platform_url(
+    *, environ: Mapping[str, str] | None = None, config_path: str | os.PathLike[str] | None = None
+) -> str | None:
+    """The platform's URL when the environment or the config file names one (``None``: the fallbacks apply)."""
+    env = os.environ if environ is None else environ
+    found = env.get(ENV_PLATFORM_URL) or env.get(_ENV_PLATFORM_URL_ALIAS)
+    return found or _file_str(_read_config_file(config_path), "base_url") or None
 
 
 def _may_resend(replayable: bool, error: BaseException) -> bool:

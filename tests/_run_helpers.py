@@ -26,6 +26,7 @@ ENV_NAMES = (
     "PRIME_TEAM_ID",
     "PRIME_RUNS_MODE",
     "PRIME_RUN_ID",
+    "PRIME_RUN_KIND",
     "RANK",
     "PRIME_API_BASE_URL",
     "PRIME_BASE_URL",
@@ -100,6 +101,12 @@ def online(svc: LocalTracesService, name: str = "test-run", **options: Any) -> R
     options.setdefault("model", "test-model")
     options.setdefault("team_id", "test-team")
     return prime_runs.init(name, api_key=KEY, base_url=svc.url, **options)
+
+
+def synced_id(run_dir: str | Path, svc: LocalTracesService) -> str:
+    """The id on ``svc`` of a run directory that ``prime-runs sync`` uploaded there (``sync.json`` keeps it)."""
+    state = orjson.loads((Path(run_dir) / "sync.json").read_bytes())
+    return str(state["services"][svc.url]["platform_id"])
 
 
 def get_run(svc: LocalTracesService, run_id: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def test_demo_logs_finishes_and_reads_back_every_episode(tmp_path, capsys):
     # It ends with the command that serves the kept database and the run's page, which that serves.
     serve, last = out.rstrip("\n").splitlines()[-2:]
     assert serve == f"  prime-traces serve --db {db} --port 8765"
-    opened = re.fullmatch(r"  http://127\.0\.0\.1:8765/#/run/(run-[0-9a-f]+)", last)
+    opened = re.fullmatch(r"  http://127\.0\.0\.1:8765/#/run/(train-[0-9a-f]+)", last)
     assert opened, last
     with LocalTracesService(db) as svc:
         runs = requests.get(f"{svc.url}/api/v1/_viewer/runs", headers={"Authorization": "Bearer x"}, timeout=10)

@@ -433,7 +433,8 @@ def test_to_record_returning_a_non_mapping_is_a_clear_type_error(returned):
 
 
 def test_a_record_that_is_neither_is_a_type_error():
-    with pytest.raises(TypeError, match=r"^record 1: list is not a mapping and has no to_record\(\) or to_json\(\)"):
+    expected = r"^record 1: list is not a mapping and has no to_record\(\), to_json\(\) or model_dump\(\)"
+    with pytest.raises(TypeError, match=expected):
         encode_record([{"id": "t-1"}], 1)
 
 

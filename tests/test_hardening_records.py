@@ -182,7 +182,7 @@ def test_to_json_records_are_stamped_with_the_run_and_stored_as_their_bytes_say(
         _OwnJson(orjson.dumps(docs[1]).decode()),
         _OwnJson(ValueError("serialiser broke")),
     ]
-    run = online(service, console="off")
+    run = online(service, console="off", kind="train")
     assert run.log_episodes(records)
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
     stamp = {"id": run.id, "type": "train"}

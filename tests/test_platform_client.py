@@ -53,7 +53,8 @@ def test_an_evaluation_goes_through_the_hub_then_the_evaluation_routes(platform)
     assert platform.bodies("PUT", r".*/evaluations/.*") == [{"metadata": {"lr": 1e-6}, "metrics": {"avg_reward": 0.5}}]
     assert platform.bodies("POST", r".*/finalize") == [{"metrics": {"avg_reward": 0.75}}]
     assert platform.runs[run_id].status == "COMPLETED"
-    assert client.evaluation_url(run_id) == f"https://app.primeintellect.ai/dashboard/evaluations/{run_id}"
+    # Not the hosted platform: its run pages are on its own origin.
+    assert client.evaluation_url(run_id) == f"{platform.url}/dashboard/evaluations/{run_id}"
 
 
 def test_closing_a_closed_run_is_no_error_and_the_message_is_capped(platform):
@@ -191,4 +192,6 @@ def test_where_platform_requests_go(tmp_path):
     assert origin(environ={"PRIME_API_KEY": "k"}, path=tmp_path / "none.json") == "https://api.primeintellect.ai"
     resolved = resolve_platform(api_key="secret-key", environ={"PRIME_FRONTEND_URL": "https://front/"})
     assert resolved.frontend_url == "https://front"
+    hosted = resolve_platform(api_key="k", environ={}, config_path=tmp_path / "none.json")
+    assert hosted.frontend_url == "https://app.primeintellect.ai"
     assert "secret-key" not in repr(resolved)

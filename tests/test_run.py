@@ -120,7 +120,7 @@ def test_PRIME_RUNS_MODE_overrides_the_default(service, monkeypatch, isolated, e
 
 def test_an_unknown_PRIME_RUNS_MODE_is_refused(monkeypatch):
     monkeypatch.setenv("PRIME_RUNS_MODE", "bogus")
-    with pytest.raises(ValueError, match="PRIME_RUNS_MODE"):
+    with pytest.raises(prime_runs.ConfigurationError, match="PRIME_RUNS_MODE"):
         prime_runs.init("x", environments=["e"], model="m", team_id="t", handle_signals=False)
 
 
@@ -264,7 +264,7 @@ def fixed_trace(trace_id: str) -> dict[str, Any]:
 def test_the_queue_refuses_by_bytes_before_records(service, gate):
     run_id = "run-bytes-0001"
     stamped = fixed_trace("t-000")
-    stamped["run"] = {**stamped["run"], "id": run_id, "type": "train"}
+    stamped["run"] = {**stamped["run"], "id": run_id}  # the trace's own type is kept
     line_bytes = len(orjson.dumps(stamped)) + 1
     # Ten records fit by bytes, while the record bound (1000) is far away.
     gate.open()
@@ -408,7 +408,7 @@ def test_records_are_stamped_with_the_run_and_not_mutated(service):
         docs = {d["id"]: d for d in (orjson.loads(r) for (r,) in conn.execute("SELECT raw FROM trace_docs"))}
         rows = {tuple(row) for row in conn.execute("SELECT run_id, run_type FROM traces")}
     stamp = {"id": run.id, "type": "eval"}
-    assert envelopes["e0"]["run"] == {**stamp, "name": "keep-me"}
+    assert envelopes["e0"]["run"] == {**stamp, "type": "train", "name": "keep-me"}  # its own type is kept
     assert envelopes["e1"]["run"] == stamp
     assert len(docs) == 7
     for doc_id, doc in docs.items():

@@ -38,7 +38,7 @@ from _sync import NotedWaitEvent
 
 import prime_runs
 from prime_runs import Run
-from prime_traces import TracesClient
+from prime_traces.platform import PlatformClient
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(60)
@@ -68,7 +68,7 @@ class _TricklingServer:
 
     def _serve(self) -> None:
         conn, _ = self.listener.accept()
-        with conn, self.listener:
+        with conn, self.listener, contextlib.suppress(OSError):  # the client may give up and close
             while b"\r\n\r\n" not in self.request:
                 self.request += conn.recv(65536)
             self.received.set()
@@ -80,17 +80,14 @@ class _TricklingServer:
 
 def test_a_stalled_update_does_not_keep_the_status_from_being_recorded(service):
     run = online(service)
-    real_update = run._updates.client.update_run
     stalled, release = threading.Event(), threading.Event()
 
-    def update(run_id, **fields):
-        if fields.get("status") is None:  # the periodic update: its answer never comes
-            stalled.set()
-            release.wait(GATE_TIMEOUT_S)
-            raise TimeoutError("no answer")
-        return real_update(run_id, **fields)
+    def update(run_id, config, summary, deadline_s):  # the periodic update: its answer never comes
+        stalled.set()
+        release.wait(GATE_TIMEOUT_S)
+        raise TimeoutError("no answer")
 
-    run._updates.client.update_run = update
+    run._updates.runs.send_changes = update
     run.log({"loss": 0.5})
     ticker = threading.Thread(target=run.send_updates)
     ticker.start()
@@ -111,7 +108,7 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     run = online(service)
     assert run.log_episodes(episodes("e", 2)) and run.flush(FLUSH_TIMEOUT_S)
     trickle = _TricklingServer()
-    run._updates.client = TracesClient(KEY, trickle.url)  # only the status request goes there
+    run._updates.runs.client = PlatformClient(KEY, trickle.url)  # only the status requests go there
     try:
         started = time.monotonic()
         run.finish(timeout_s=2.0)
@@ -120,11 +117,11 @@ def test_finish_returns_on_time_when_the_service_trickles_its_answer(service):
     finally:
         trickle.stop.set()
         trickle.thread.join(GATE_TIMEOUT_S)
-        run._updates.client.close()
+        run._updates.runs.client.close()
     # The status request is given the time left, for its whole answer: it gives up at the deadline
     # (a read timeout alone would wait for the whole 10 s trickle).
     assert 2.0 <= elapsed < 2.0 + FINISH_MARGIN_S, elapsed
-    assert trickle.request.startswith(f"PATCH /api/v1/runs/{run.id} ".encode())
+    assert trickle.request.startswith(f"PUT /api/v1/evaluations/{run.id} ".encode())
     assert run.status == "completed"
     assert_buckets(run, submitted=2, stored=2)
 
@@ -159,7 +156,7 @@ def test_fail_records_failed_with_the_error(service):
     [
         (None, "completed", None),
         (RuntimeError("bad step"), "failed", "RuntimeError: bad step"),
-        (KeyboardInterrupt(), "cancelled", "KeyboardInterrupt"),
+        (KeyboardInterrupt(), "cancelled", "interrupted"),
     ],
     ids=["clean", "exception", "keyboard-interrupt"],
 )

@@ -11,14 +11,23 @@ from typing import Any
 import orjson
 import pytest
 import zstandard
-from _run_helpers import KEY, MARKER, episodes, get_run, isolated, local_records, stored_episodes  # noqa: F401
+from _run_helpers import (  # noqa: F401
+    KEY,
+    MARKER,
+    episodes,
+    get_run,
+    isolated,
+    local_records,
+    stored_episodes,
+    synced_id,
+)
 from _wire import trace
 
 import prime_runs
 from prime_runs import cli
 from prime_runs._console.progress import Progress
 from prime_runs._local.rundir import RunDirectory
-from prime_runs._local.segment_reader import iter_entry_lines, scan
+from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import Frame, SegmentWriter, segment_files
 from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
@@ -27,7 +36,11 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def offline(root: Path, name: str = "offline-run", **options: Any) -> prime_runs.Run:
+    """An offline run with what the platform needs to create it at the sync (an environment, a model, a team)."""
     options.setdefault("handle_signals", False)
+    options.setdefault("environments", ["test-env"])
+    options.setdefault("model", "test-model")
+    options.setdefault("team_id", "test-team")
     return prime_runs.init(name, mode="offline", dir=root, **options)
 
 
@@ -66,7 +79,7 @@ def test_an_offline_run_arrives_whole_and_a_second_sync_stores_nothing(isolated,
     with service.state.store.reader() as conn:
         bare = [r[0] for r in conn.execute("SELECT trace_id FROM traces WHERE episode_id IS NULL")]
     assert sorted(bare) == ["bare-1", "bare-2"]
-    remote = get_run(service, run.id)
+    remote = get_run(service, synced_id(run.dir, service))
     assert (remote["name"], remote["kind"], remote["status"], remote["tags"]) == (
         "offline-run",
         "eval",
@@ -76,7 +89,7 @@ def test_an_offline_run_arrives_whole_and_a_second_sync_stores_nothing(isolated,
     assert remote["config"] == {"lr": 1e-6}
     counts = {"_records/logged": 42, "_records/saved": 42, "_records/dropped": 0, "_records/failed": 0}
     assert remote["summary"] == {"reward": 0.3, "loss": 0.25, "step": 3, **counts}
-    assert remote["context"] == {"source": "prime-runs", "run_type": "eval"}
+    assert remote["context"] == {"source": "prime-runs", "run_type": "eval", "model": "test-model"}
     before = service.stats()
     code, out, _ = sync(capsys, service, run.dir)
     assert code == 0 and "nothing new to upload" in out
@@ -96,22 +109,22 @@ def test_an_offline_run_arrives_as_the_same_run_online_would_have(isolated, tmp_
     with LocalTracesService(tmp_path / "a.db") as first, LocalTracesService(tmp_path / "b.db") as second:
         online_run = prime_runs.init(
             "twin",
-            environments=["e"],
-            model="m",
-            team_id="t",
-            kind="train",
+            environments=["test-env"],
+            model="test-model",
+            team_id="test-team",
+            kind="eval",  # an evaluation: the platform keeps its summary (not a training run's)
             config={"lr": 1},
             api_key=KEY,
             base_url=first.url,
             handle_signals=False,
-            id="twin-run",
         )
         same_run(online_run)
-        offline_run = offline(isolated / "runs", name="twin", kind="train", config={"lr": 1}, id="twin-run")
+        offline_run = offline(isolated / "runs", name="twin", kind="eval", config={"lr": 1})
         same_run(offline_run)
         code, _out, err = sync(capsys, second, offline_run.dir)
         assert code == 0, err
-        a, b = get_run(first, "twin-run"), get_run(second, "twin-run")
+        ids = (online_run.id, synced_id(offline_run.dir, second))
+        a, b = get_run(first, ids[0]), get_run(second, ids[1])
         fields = (
             "name",
             "kind",
@@ -133,10 +146,11 @@ def test_an_offline_run_arrives_as_the_same_run_online_would_have(isolated, tmp_
         assert {f: a[f] for f in fields} == {f: b[f] for f in fields}
         assert b["status"] == "failed" and b["error"] == "diverged" and b["summary"]["final"] is True
         docs = []
-        for svc in (first, second):
+        for svc, run_id in zip((first, second), ids):
             with svc.state.store.reader() as conn:
-                docs.append(sorted(bytes(r[0]) for r in conn.execute("SELECT raw FROM trace_docs")))
-        assert docs[0] == docs[1]  # byte for byte, stamping included
+                raw = (bytes(r[0]).replace(run_id.encode(), b"RUN") for r in conn.execute("SELECT raw FROM trace_docs"))
+                docs.append(sorted(raw))
+        assert docs[0] == docs[1]  # byte for byte, stamping included (each under its own id there)
 
 
 @pytest.mark.parametrize("omit_line", [False, True], ids=["located", "bisected"])
@@ -255,7 +269,7 @@ def test_a_run_still_being_written_is_synced_in_passes(isolated, service, capsys
     run.flush()
     code, out, _ = sync(capsys, service, run.dir)
     assert code == 0 and "status" not in out  # still running: its own finish records the status
-    assert get_run(service, run.id)["status"] == "running"
+    assert get_run(service, synced_id(run.dir, service))["status"] == "running"
     second = log_steps(run, 2, 5, prefix="b")
     run.flush()
     assert sync(capsys, service, run.dir)[0] == 0
@@ -276,7 +290,7 @@ def test_a_spool_without_run_json_is_uploaded_under_its_directorys_run(isolated,
     assert code == 0, err
     remote = get_run(service, "rank-run")
     assert remote["trace_count"] == 3 and remote["status"] is None  # its lifecycle is the owner's
-    assert remote["context"] == {"source": "prime-runs", "run_type": "eval"}
+    assert remote["context"] == {"source": "prime-runs", "run_type": "eval", "model": "test-model"}
 
 
 def test_sync_of_a_directory_of_runs_and_its_exit_statuses(isolated, service, capsys, monkeypatch):
@@ -339,7 +353,7 @@ def test_a_run_whose_process_died_is_listed_and_synced_as_crashed(isolated, serv
     assert not rundir.owner_alive()
     code, out, _ = sync(capsys, service, run.dir)
     assert code == 0 and "status crashed" in out
-    remote = get_run(service, run.id)
+    remote = get_run(service, synced_id(run.dir, service))
     assert remote["status"] == "crashed" and "ended without finishing" in remote["error"]
     run._finisher.run_file = None  # the "dead" process finishing later changes nothing here
     run.finish()
@@ -478,15 +492,15 @@ def test_a_batch_stored_while_its_answers_failed_is_sent_again_as_the_same_uploa
         records.append(record)
     run.log_episodes(records)
     run.finish()
-    [path] = segment_files(run.dir, ["episode"])
-    lines = [line for _e, body in iter_entry_lines(path, scan(path).entries) for line in body]
-    second_batch = hashlib.sha256(b"".join(line + b"\n" for line in lines[3:6])).hexdigest()
     process = upload._process
+    digests: list[str] = []  # the batches in the order they first arrive (restamped with the run's id there)
 
     def stored_but_answer_lost(req: Any, body: bytes, digest: str, raw_format: Any) -> Any:
         answer = process(req, body, digest, raw_format)
-        if digest == second_batch:
-            raise RuntimeError("answer lost")  # stored, but every answer to it is a 500
+        if digest not in digests:
+            digests.append(digest)
+        if digests.index(digest) == 1:
+            raise RuntimeError("answer lost")  # the second batch: stored, but every answer to it is a 500
         return answer
 
     monkeypatch.setattr(upload, "_process", stored_but_answer_lost)

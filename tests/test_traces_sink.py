@@ -340,8 +340,9 @@ def test_records_are_stamped_on_copies(tmp_path):
                 json.dumps(json.loads(c), sort_keys=True) for (c,) in conn.execute("SELECT context FROM episodes")
             }
     assert records == before  # the caller's dicts are untouched
-    assert envelopes["e0"]["run"] == {"id": "run-77", "type": "train", "name": "keep-me"}
-    assert envelopes["e1"]["run"] == {"id": "run-77", "type": "train"}
+    assert envelopes["e0"]["run"] == {"id": "run-77", "type": "eval", "name": "keep-me"}  # its own type is kept
+    assert envelopes["e1"]["run"] == {"id": "run-77", "type": "eval"}
+    # A member's run without a type of its own gets the sink's.
     assert member["run"] == {"id": "run-77", "type": "train", "name": "mine"}
     assert rows == [("run-77", "train")] * 6
     assert len(docs) == 6

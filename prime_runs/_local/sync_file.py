@@ -168,6 +168,7 @@ class FileSync:
         save: Callable[[], None],
         rejected: SegmentWriter,
         on_progress: OnProgress | None = None,
+        restamp: Callable[[bytes, str], bytes] | None = None,
     ) -> None:
         name = SegmentName.parse(os.path.basename(path))
         assert name is not None
@@ -180,6 +181,8 @@ class FileSync:
         self.save = save
         self.rejected_writer = rejected
         self.on_progress = on_progress
+        #: Gives a line the run's id on the service, when it was written under another (an offline run's).
+        self.restamp = restamp
         self.outcome = FileOutcome()
         self.total = scan.lines
         self._starts: list[int] = []
@@ -241,7 +244,7 @@ class FileSync:
                 number = first + offset
                 if start <= number < end and not skipped(number):
                     numbers.append(number)
-                    yield line
+                    yield line if self.restamp is None else self.restamp(line, self.line_format)
 
     def _unreadable(self, entry: Entry, problem: str) -> None:
         # The disk changed an entry: it is the same every time, so passing over it keeps batches deterministic.

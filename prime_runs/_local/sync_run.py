@@ -1,14 +1,20 @@
 """Syncing one run directory: repair, create or attach the run, upload every segment, finish the run.
 
-``sync.json`` keeps, per service, what each segment has uploaded and what of
-the run's lifecycle was sent, so syncing to a second service starts afresh
-and a repeated sync sends nothing that is already there. A run directory
-without ``run.json`` (a rank's spool on another machine) has its records
-uploaded under the directory's run id, and its lifecycle left to the owner.
+The run lives on the platform (contract §10): an online run's directory is
+named by its id there; an offline run is created there by its first sync,
+from what ``run.json`` kept of ``init()``'s arguments, and its id is kept in
+``sync.json`` before anything is uploaded, so its records (written under the
+local id) are restamped with it, the same bytes at every sync. ``sync.json``
+keeps, per service, that id, what each segment has uploaded and what of the
+run's lifecycle was sent, so syncing to a second service starts afresh and a
+repeated sync sends nothing that is already there. A run directory without
+``run.json`` (a rank's spool on another machine) has its records uploaded
+under the directory's run id, and its lifecycle left to the owner.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -23,11 +29,15 @@ from prime_runs._local.rundir import RunDirectory, check_run_id
 from prime_runs._local.segment_reader import Scan, iter_entry_lines, scan
 from prime_runs._local.segments import REJECTED, SegmentWriter
 from prime_runs._local.sync_file import FileProgress, FileSync, OnProgress, SyncStopped
+from prime_runs._records.lines import RunStamp, restamped
+from prime_runs._service.platform_runs import PlatformRuns, runs_for, spec_from_document
 from prime_runs._service.updates import describe_error
 from prime_runs.errors import PrimeRunsError
+from prime_runs.models import RunStatus
 from prime_traces import TracesClient
-from prime_traces.client import MAX_METRIC_ROWS_PER_REQUEST, RUN_KINDS, TERMINAL_STATUSES
-from prime_traces.errors import PrimeTracesError, RunFinishedError
+from prime_traces.client import RUN_KINDS, TERMINAL_STATUSES
+from prime_traces.errors import PrimeTracesError
+from prime_traces.platform import PlatformClient
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +79,7 @@ class SyncReport:
 def sync_run(
     rundir: RunDirectory,
     client: TracesClient,
+    platform: PlatformClient | None = None,
     *,
     on_start: Any = None,
     on_progress: OnProgress | None = None,
@@ -76,15 +87,21 @@ def sync_run(
 ) -> SyncReport:
     """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent.
 
-    ``only``: upload just the record files of these names, and leave the run's
-    lifecycle alone (a live run resyncing what it spooled itself: its own
-    updates are newer than its ``run.json``).
+    ``platform`` creates, updates and finishes the run (without one, only the
+    records of a run that exists there already are uploaded). ``only``: upload
+    just the record files of these names, and leave the run's lifecycle alone
+    (a live run resyncing what it spooled itself: its own updates are newer
+    than its ``run.json``).
     """
     rundir.lock_for_sync()
     try:
-        return _RunSync(rundir, client).run(on_start, on_progress, only)
+        return _RunSync(rundir, client, platform).run(on_start, on_progress, only)
     finally:
         rundir.unlock_sync()
+
+
+def _restamp(stamp: RunStamp, line: bytes, line_format: str) -> bytes:
+    return restamped(line, stamp, line_format)
 
 
 def run_kind(rundir: RunDirectory, document: dict[str, Any] | None) -> str:
@@ -105,9 +122,11 @@ def run_kind(rundir: RunDirectory, document: dict[str, Any] | None) -> str:
 
 
 class _RunSync:
-    def __init__(self, rundir: RunDirectory, client: TracesClient) -> None:
+    def __init__(self, rundir: RunDirectory, client: TracesClient, platform: PlatformClient | None) -> None:
         self.rundir = rundir
         self.client = client
+        self.platform = platform
+        self.runs: PlatformRuns | None = None
         self.url = client.config.base_url
         self.document = rundir.read_run()
         self.run_id = check_run_id(str((self.document or {}).get("id") or rundir.run_id), rundir.path)
@@ -125,7 +144,17 @@ class _RunSync:
     def run(self, on_start: Any, on_progress: OnProgress | None, only: Collection[str] | None) -> SyncReport:
         self.report.torn = self.rundir.recover()
         kind = run_kind(self.rundir, self.document)
-        context = {"source": "prime-runs", "run_type": kind}
+        context = spec_from_document(self.document or {}, kind).upload_context()
+        if self.platform is not None:
+            team = ((self.document or {}).get("spec") or {}).get("team_id") or self.client.config.team_id or None
+            self.runs = runs_for(kind, self.platform, team_id=team)
+        lifecycle = self.document is not None and only is None
+        try:
+            service_id = self._service_id(kind) if lifecycle else self.mine.get("platform_id", self.run_id)
+        except (PrimeTracesError, PrimeRunsError) as err:
+            self.report.errors.append(f"could not create the run on {self._platform_url()}: {describe_error(err)}")
+            service_id = None
+        stamp = RunStamp(service_id, kind) if service_id and service_id != self.run_id else None
         rejected = SegmentWriter(self.rundir.path, REJECTED)
         files = []
         for path in self.rundir.data_segments():
@@ -143,22 +172,23 @@ class _RunSync:
                     save=self.save,
                     rejected=rejected,
                     on_progress=on_progress,
+                    restamp=functools.partial(_restamp, stamp) if stamp is not None else None,
                 )
             )
         records, size = (sum(x) for x in zip(*(f.left() for f in files))) if files else (0, 0)
         if on_start is not None:
             on_start(records, size)
         try:
-            if self.document is not None and only is None and not self.mine.get("run_created"):
-                self._create_run(kind)
+            if service_id is None:
+                files = []  # nothing can be uploaded before the run has its id on the service
             for sync in files:
                 try:
                     sync.run()
                 except SyncStopped as err:
                     self.report.errors.append(str(err))
                     break
-            if only is None and not self.report.errors:
-                self._sync_metrics()
+            if lifecycle and service_id is not None and not self.report.errors:
+                self._sync_metrics(service_id, kind)
         except (PrimeTracesError, PrimeRunsError) as err:
             self.report.errors.append(f"the service at {self.url} failed: {describe_error(err)}")
         finally:
@@ -171,8 +201,8 @@ class _RunSync:
                 self.report.left += left
                 self.report.left_bytes += left_bytes
                 self.report.unreadable += sync.p.unreadable_lines()
-        if self.document is not None and only is None and self.report.uploaded_all:
-            self._finish_run()
+        if lifecycle and service_id is not None and self.report.uploaded_all:
+            self._finish_run(service_id)
         self.report.rejected_total = sum(scan(p, verify_last=False).lines for p in self.rundir.rejected_segments())
         self.mine["last_sync"] = {
             "at": time.time(),
@@ -183,8 +213,29 @@ class _RunSync:
         self.save()
         return self.report
 
-    def _sync_metrics(self) -> None:
-        """Send the rows of each metrics file not yet sent whole to this service (contract §9)."""
+    def _platform_url(self) -> str:
+        return self.platform.config.origin if self.platform is not None else self.url
+
+    def _service_id(self, kind: str) -> str:
+        """The run's id on the platform: recorded, the directory's (a run that lives there), or new (created now)."""
+        known = self.mine.get("platform_id")
+        if known:
+            return str(known)
+        doc = self.document or {}
+        if doc.get("mode") == "online" or self.runs is None:
+            found = self.run_id  # an online run's directory is named by its id on the platform
+        else:
+            handle = self.runs.create(spec_from_document(doc, kind))
+            found = check_run_id(handle.id, f"the platform at {self._platform_url()}")
+            self.mine["platform_url"] = handle.url
+        self.mine["platform_id"] = found
+        self.save()  # before any record is stamped with it: every later sync sends the same bytes
+        return found
+
+    def _sync_metrics(self, service_id: str, kind: str) -> None:
+        """Send the rows of each metrics file not yet sent whole to this service (a training run's history)."""
+        if self.runs is None or kind != "train":
+            return  # the platform keeps no history for an evaluation: its rows stay in the run directory
         sent = self.mine.setdefault("metrics_sent", {})
         for path in self.rundir.metrics_segments():
             name = os.path.basename(path)
@@ -194,22 +245,15 @@ class _RunSync:
             rows: list[Any] = []
             for _entry, lines in iter_entry_lines(path, found.entries, on_corrupt=lambda *_: None):
                 rows.extend(orjson.loads(line) for line in lines)
-            for start in range(0, len(rows), MAX_METRIC_ROWS_PER_REQUEST):
-                self.client.post_metrics(self.run_id, rows[start : start + MAX_METRIC_ROWS_PER_REQUEST])
+            self.runs.send_metrics(service_id, rows, 60.0)
             self.report.metric_rows += len(rows)
             sent[name] = found.lines
             self.save()
 
-    def _create_run(self, kind: str) -> None:
-        doc = self.document or {}
-        self.client.create_run(
-            doc.get("name"), kind=kind, config=doc.get("config") or {}, tags=doc.get("tags") or [], run_id=self.run_id
-        )
-        self.mine["run_created"] = True
-        self.save()
-
-    def _finish_run(self) -> None:
+    def _finish_run(self, service_id: str) -> None:
         """Send the run's config, summary and (terminal) status, once per change."""
+        if self.runs is None:
+            return
         doc = self.document or {}
         status, error = doc.get("status"), doc.get("error")
         if status not in TERMINAL_STATUSES:
@@ -227,11 +271,23 @@ class _RunSync:
         self.report.status = status
         if self.mine.get("lifecycle_sent") == digest:
             return
+        attached = bool(doc.get("attached"))
         try:
-            self.client.update_run(self.run_id, **update)
+            if status is None:
+                self.runs.send_changes(service_id, None if attached else update["config"], update["summary"], 60.0)
+            else:
+                self.runs.close(
+                    service_id,
+                    RunStatus(status),
+                    error,
+                    config=update["config"],
+                    summary=update["summary"],
+                    attached=attached,
+                    deadline_s=60.0,
+                )
         except (PrimeTracesError, PrimeRunsError) as err:
-            if not isinstance(err, RunFinishedError):
-                self.report.errors.append(f"could not record the run's status on {self.url}: {describe_error(err)}")
-                return
-            logger.warning("run %s was already finished on %s with another status; it keeps it", self.run_id, self.url)
+            self.report.errors.append(
+                f"could not record the run's status on {self._platform_url()}: {describe_error(err)}"
+            )
+            return
         self.mine["lifecycle_sent"] = digest

@@ -195,3 +195,19 @@ def _cause(err: BaseException, index: int) -> str:
     if isinstance(err, orjson.JSONDecodeError):
         return f"to_json() is not valid JSON: {err}"
     return f"{type(err).__name__} while reading the record: {err}"
+
+
+def restamped(line: bytes, stamp: RunStamp, line_format: str) -> bytes:
+    """``line`` stamped with ``stamp``'s run: as it is when it names that run already, else parsed and stamped.
+
+    Deterministic, so a line sent again is byte-identical (and replays).
+    """
+    if carries_run(line, stamp):
+        return line
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return line  # the service refuses it, as it would have
+    if not isinstance(record, dict):
+        return line
+    return orjson.dumps(stamp.apply(record, line_format))

@@ -20,6 +20,8 @@ from prime_runs.errors import PrimeRunsError
 logger = logging.getLogger(__name__)
 
 ENV_RUN_ID = "PRIME_RUN_ID"
+#: The kind of the run ``PRIME_RUN_ID`` names (its routes on the platform depend on it).
+ENV_RUN_KIND = "PRIME_RUN_KIND"
 ENV_RANK = "RANK"
 #: ``1`` makes the process own the run it attaches to (a launcher that created it for rank 0); ``0`` never.
 ENV_OWNER = "PRIME_RUN_OWNER"
@@ -37,6 +39,8 @@ class RankInfo:
     owner: bool
     run_id: str | None
     told: bool = False
+    #: The kind of a run inherited through ``PRIME_RUN_ID``, when its process said.
+    inherited_kind: str | None = None
 
     @property
     def attached(self) -> bool:
@@ -49,9 +53,11 @@ class RankInfo:
 _exported: dict[str, int] = {}
 
 
-def export_run_id(run_id: str) -> None:
-    """Publish ``run_id`` to processes this one starts."""
+def export_run_id(run_id: str, kind: str | None = None) -> None:
+    """Publish ``run_id`` (and its ``kind``) to processes this one starts."""
     os.environ[ENV_RUN_ID] = run_id
+    if kind is not None:
+        os.environ[ENV_RUN_KIND] = kind
     _exported[run_id] = os.getpid()
 
 
@@ -94,10 +100,11 @@ def rank_info(
             f"{ENV_RANK}={rank} but no run to attach to: start this process from rank 0 after "
             f"prime_runs.init() (which exports {ENV_RUN_ID}), or pass id= / set {ENV_RUN_ID}"
         )
-    if told is not None:
-        return RankInfo(rank, told, run_id, told=True)
     attaching = explicit_id is None and inherited is not None
-    return RankInfo(rank, rank in (None, 0) and not attaching, run_id)
+    kind = (env.get(ENV_RUN_KIND) or None) if attaching else None
+    if told is not None:
+        return RankInfo(rank, told, run_id, told=True, inherited_kind=kind)
+    return RankInfo(rank, rank in (None, 0) and not attaching, run_id, inherited_kind=kind)
 
 
 def new_run_id() -> str:

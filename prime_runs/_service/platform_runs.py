@@ -13,8 +13,10 @@ a status change means the run was closed already: that is no error.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,10 +24,14 @@ from typing import Any
 
 from prime_runs.errors import ConfigurationError, EnvironmentResolutionError
 from prime_runs.models import EnvironmentRef, RunStatus, TrainingSpec
-from prime_traces.errors import APIError
+from prime_traces.errors import APIError, TransportError
 from prime_traces.platform import PlatformClient
+from prime_traces.threads import DaemonPool
 
 logger = logging.getLogger(__name__)
+
+#: A training run's metrics go one step a request; this many at once.
+METRICS_REQUESTS_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,15 @@ class RunSpec:
     team_id: str | None = None
     training: TrainingSpec | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+
+    def upload_context(self) -> dict[str, str]:
+        """The upload context of the run's records (contract §7): where they come from."""
+        context = {"source": "prime-runs", "run_type": self.kind}
+        if self.framework:
+            context["framework"] = self.framework
+        if self.model:
+            context["model"] = self.model
+        return context
 
     def to_dict(self) -> dict[str, Any]:
         """What ``run.json`` keeps of it, so that ``prime-runs sync`` can create the run later."""
@@ -262,12 +277,28 @@ class TrainingRuns(PlatformRuns):
         return True
 
     def send_metrics(self, run_id: str, rows: Sequence[Mapping[str, Any]], deadline_s: float) -> bool:
+        # One step a request (the platform keeps one row per step): a few at once, so that a run logging
+        # many steps is not paced by one round trip each. Rows of one step are merged first, later values
+        # winning, so no two requests of a step race. The first failure stops the rest, within one deadline.
+        steps: dict[Any, dict[str, Any]] = {}
         for row in rows:
-            metrics = {name: value for name, value in row["metrics"].items() if _finite(value)}
-            metrics["step"] = row["step"]
-            metrics["_timestamp"] = row["time"]
-            self.client.post_training_metrics(run_id, metrics, deadline_s=deadline_s)
+            merged = steps.setdefault(row["step"], {"step": row["step"], "time": row["time"], "metrics": {}})
+            merged["metrics"].update(row["metrics"])
+            merged["time"] = row["time"]
+        deadline = time.monotonic() + deadline_s
+        with DaemonPool(METRICS_REQUESTS_IN_FLIGHT, name="prime-runs-metrics-send") as pool:
+            for done in pool.map(functools.partial(self._send_row, run_id, deadline), steps.values()):
+                del done
         return True
+
+    def _send_row(self, run_id: str, deadline: float, row: Mapping[str, Any]) -> None:
+        metrics = {name: value for name, value in row["metrics"].items() if _finite(value)}
+        metrics["step"] = row["step"]
+        metrics["_timestamp"] = row["time"]
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TransportError("the metrics' deadline passed before this step was sent")
+        self.client.post_training_metrics(run_id, metrics, deadline_s=left)
 
 
 def _finite(value: Any) -> bool:
@@ -280,3 +311,21 @@ def _finite(value: Any) -> bool:
 def runs_for(kind: str, client: PlatformClient, team_id: str | None = None) -> PlatformRuns:
     """The lifecycle of ``kind`` (``eval`` or ``train``) runs on ``client``'s platform."""
     return (TrainingRuns if kind == "train" else EvalRuns)(client, team_id=team_id)
+
+
+def spec_from_document(document: Mapping[str, Any], kind: str) -> RunSpec:
+    """The :class:`RunSpec` a run's ``run.json`` kept, to create the run on the platform later (sync)."""
+    kept = document.get("spec") or {}
+    training = kept.get("training")
+    return RunSpec(
+        kind=kind,
+        name=document.get("name"),
+        environments=tuple(EnvironmentRef.coerce(env) for env in kept.get("environments") or ()),
+        model=kept.get("model"),
+        framework=kept.get("framework"),
+        description=kept.get("description"),
+        tags=tuple(document.get("tags") or ()),
+        team_id=kept.get("team_id"),
+        training=TrainingSpec(**training) if isinstance(training, Mapping) else None,
+        config=dict(document.get("config") or {}),
+    )

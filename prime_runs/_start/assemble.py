@@ -25,6 +25,7 @@ from prime_runs._records.size_meter import SizeMeter
 from prime_runs._service.ownership import RankInfo, export_run_id, new_run_id
 from prime_runs._service.platform_runs import Handle, PlatformRuns, RunSpec, runs_for
 from prime_runs._sinks.disk import DiskSink
+from prime_runs._sinks.legacy import legacy_for
 from prime_traces.client import TracesClient
 from prime_traces.config import ClientConfig
 from prime_traces.platform import PlatformClient
@@ -82,6 +83,7 @@ def online(
     max_in_flight: int,
     compression: str,
     save_local: bool,
+    opted_out: bool,
 ) -> Parts:
     """Create or attach the run on the platform, then the sinks; the platform client belongs to the parts."""
     from prime_runs._sinks.traces import TracesSink
@@ -99,8 +101,17 @@ def online(
     )
     stamp = RunStamp(handle.id, spec.kind)
     files = RecordFiles(rundir.path)
-    context = _context(spec)
-    sink = TracesSink(client, stamp=stamp, context=context, meter=meter, owns_client=True, spool=Spool(files, stamp))
+    context = spec.upload_context()
+    sink = TracesSink(
+        client,
+        stamp=stamp,
+        context=context,
+        meter=meter,
+        owns_client=True,
+        spool=Spool(files, stamp),
+        legacy=legacy_for(spec.kind, platform, handle.id),
+        opted_out=opted_out,
+    )
     sinks: list[Sink] = [sink]
     if save_local:
         sinks.append(DiskSink(RecordFiles(rundir.local_path), stamp, name="local", validate=False))
@@ -126,19 +137,9 @@ def _create_or_attach(runs: PlatformRuns, ranks: RankInfo, spec: RunSpec) -> Han
     handle = runs.create(spec)
     check_run_id(handle.id, f"the platform at {runs.client.config.origin}")
     # Processes this one starts (other ranks, eval workers) log into the same run.
-    export_run_id(handle.id)
+    export_run_id(handle.id, spec.kind)
     return handle
 
 
 def _send_rows(runs: PlatformRuns, run_id: str, rows: Sequence[Mapping[str, Any]], timeout_s: float | None) -> None:
     runs.send_metrics(run_id, rows, timeout_s or 60.0)
-
-
-def _context(spec: RunSpec) -> dict[str, str]:
-    """The upload context of a run's records (contract §7): where they come from."""
-    context = {"source": "prime-runs", "run_type": spec.kind}
-    if spec.framework:
-        context["framework"] = spec.framework
-    if spec.model:
-        context["model"] = spec.model
-    return context

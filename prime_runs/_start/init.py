@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
@@ -12,6 +13,7 @@ from prime_runs._console.console import CONSOLE_CHOICES, Console, console_on
 from prime_runs._console.summary import destination_line
 from prime_runs._local.rundir import check_run_id, runs_root
 from prime_runs._records.size_meter import SizeMeter
+from prime_runs._records.train_table import parquet_available
 from prime_runs._service.ownership import rank_info
 from prime_runs._service.platform_runs import RunSpec
 from prime_runs._service.state import RunState
@@ -178,11 +180,11 @@ def init(
             console=Console(enabled=False),
             tags=list(spec.tags),
         )
-    opted_out = traces_opt_out if traces_opt_out is not None else _opted_out_by_env()
-    if opted_out:
+    opted_out = chosen == "online" and (traces_opt_out if traces_opt_out is not None else _opted_out_by_env())
+    if opted_out and kind == "train" and not parquet_available():
         raise ConfigurationError(
-            "traces_opt_out is not supported by this SDK: its records go to Prime Traces, or to the run "
-            "directory with mode='offline'"
+            "Opting out of Prime Traces sends training samples to the legacy table, which needs pyarrow: "
+            "pip install 'prime-runs[train]'"
         )
     if chosen == "online" and not traces.api_key:
         raise ConfigurationError(
@@ -190,6 +192,10 @@ def init(
             '(or mode="offline" to keep the run on disk).'
         )
     ranks = rank_info(id, owner=owner)
+    if ranks.inherited_kind in KINDS and ranks.inherited_kind != kind:
+        # The run this process logs into is its parent's: its kind decides the routes and the stamp.
+        kind = ranks.inherited_kind
+        spec = dataclasses.replace(spec, kind=kind, training=None)
     console_enabled = console_on(console, mode=chosen, owner=ranks.owner)
     if ranks.run_id is not None:
         check_run_id(ranks.run_id, "id=" if id else "PRIME_RUN_ID")
@@ -211,6 +217,7 @@ def init(
                 max_in_flight=max_in_flight,
                 compression=compression,
                 save_local=save_local,
+                opted_out=opted_out,
             )
         except BaseException:
             platform.close()
@@ -243,6 +250,7 @@ def init(
         attached=ranks.attached and chosen == "online",
         spec=spec,
         release=platform.close if platform is not None else None,
+        platform_url=platform.config.api_prefix if platform is not None else None,
     )
     if chosen == "online":
         parts.files.on_first_write = run._directory_needed

@@ -71,8 +71,12 @@ def _demo(args: argparse.Namespace, where: str) -> int:
         )
         print(f"training: {args.steps} steps x {args.episodes_per_step} episodes of ~{args.episode_kb} KB", flush=True)
         run = prime_runs.init(
-            "demo-grpo",
+            name="demo-grpo",
             kind="train",
+            model="demo/synthetic-policy",
+            team_id="demo",
+            environments=["demo/agentic-tasks"],
+            training=prime_runs.TrainingSpec(max_steps=args.steps, batch_size=args.episodes_per_step),
             config={"lr": 1e-6, "episodes_per_step": args.episodes_per_step},
             base_url=service.url,
             api_key=DEMO_API_KEY,

@@ -30,6 +30,7 @@ from prime_traces import TracesClient
 from prime_traces.cli_output import fail, print_json
 from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.errors import PrimeTracesError
+from prime_traces.platform import PlatformClient, configured_platform_url
 
 PROG = "prime-runs"
 EXIT_OK, EXIT_LEFT, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -106,7 +107,7 @@ def run_sync(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no runs to sync in {', '.join(args.paths or [runs_root()])}", file=sys.stderr)
         return EXIT_OK
-    clients: dict[tuple[str, str], TracesClient] = {}
+    clients: dict[tuple[str, str], Any] = {}
     outcome = EXIT_OK
     try:
         for path in runs:
@@ -124,7 +125,7 @@ def run_sync(args: argparse.Namespace) -> int:
     return outcome
 
 
-def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str], TracesClient]) -> SyncReport | None:
+def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str], Any]) -> SyncReport | None:
     rundir = RunDirectory(path)
     try:
         document = rundir.read_run() or {}
@@ -135,9 +136,14 @@ def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str]
         client = clients.get(key)
         if client is None:
             client = clients[key] = TracesClient(config.api_key, config.base_url, config.team_id)
+        # The platform: --base-url, then where the run lived, then the configured one, then the Traces service's.
+        platform_url = args.base_url or document.get("platform_url") or configured_platform_url() or config.base_url
+        platform = clients.get(("platform", platform_url))
+        if platform is None:
+            platform = clients[("platform", platform_url)] = PlatformClient(config.api_key, platform_url)
         progress = Progress(rundir.run_id)
         try:
-            report = sync_run(rundir, client, on_start=progress.start, on_progress=progress.advance)
+            report = sync_run(rundir, client, platform, on_start=progress.start, on_progress=progress.advance)
         finally:
             progress.close()
     except (PrimeRunsError, PrimeTracesError, OSError, ValueError) as err:

@@ -39,7 +39,8 @@ class Faults:
     - ``drop_after_body``: the next N uploads have their connection closed
       after the body is read; with ``drop_after_commit`` the upload is
       committed first (the answer is lost, the data is not).
-    - ``trickle_run_update_byte_s``: answers to ``PATCH /api/v1/runs/{id}``
+    - ``trickle_run_update_byte_s``: answers to ``PATCH /api/v1/runs/{id}`` and to the
+      platform's run updates (``PUT /evaluations/{id}``, ``PUT /rft/external-runs/{id}/status``)
       are sent a byte every this many seconds (after the update applied).
       ``on_run_update`` (in-process only) is called before each such answer.
     - ``before_upload``: in-process only; called on the request thread after

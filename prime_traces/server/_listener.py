@@ -49,12 +49,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_PLATFORM_RUN_UPDATES = tuple(
+    f"{root}/{route}" for root in ("/api/v1", "/api/internal") for route in ("evaluations/", "rft/external-runs/")
+)
+
 # An unread body up to this size is read and discarded so the connection can
 # be reused; a larger one is cut off with the connection.
 _DRAIN_LIMIT_BYTES = 64 * 1024 * 1024
 _DRAIN_CHUNK_BYTES = 1 << 20
 # RFC 9110 §8.6: Content-Length = 1*DIGIT; int() would also take "+5", "5_0", " 5".
 _CONTENT_LENGTH_RE = re.compile(r"[0-9]+")
+
+
+def _is_run_update(method: str, path: str) -> bool:
+    """A run's config, summary or status changing: ``PATCH /runs/{id}``, or the platform's ``PUT``s (§10)."""
+    if method == "PATCH":
+        return path.startswith(RUNS_PATH)
+    return method == "PUT" and any(path.startswith(prefix) for prefix in _PLATFORM_RUN_UPDATES)
 
 
 def _trickled(response: Response, interval_s: float, stopping: threading.Event) -> Response:
@@ -149,7 +160,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         # Added on top of the work, like a network round trip would be.
         if state.faults.latency_ms > 0:
             state.stopping.wait(state.faults.latency_ms / 1000.0)
-        if self.command == "PATCH" and split.path.startswith(RUNS_PATH):
+        if _is_run_update(self.command, split.path):
             if state.faults.on_run_update is not None:
                 state.faults.on_run_update()
             if state.faults.trickle_run_update_byte_s > 0:

@@ -263,6 +263,19 @@ def close_run(
 # -- answers -------------------------------------------------------------------
 
 
+def recorded_status(status: str, error: str | None) -> str:
+    """The status to keep for a closing: the platform knows only failed, but its messages say more.
+
+    A client marks a crash ``failed`` with ``crashed: ...`` (and, for a
+    training run, a cancel with ``cancelled: ...``): kept here as what it was.
+    """
+    if status == "failed" and error:
+        for kind in ("crashed", "cancelled"):
+            if error == kind or error.startswith(kind + ":"):
+                return kind
+    return status
+
+
 def platform_status(status: str) -> str:
     """A lifecycle status as the platform spells it: ``RUNNING``, ``COMPLETED``, ..."""
     return status.upper()

@@ -58,6 +58,7 @@ from prime_traces.server._platform import (
     json_object,
     merged,
     platform_status,
+    recorded_status,
     required_string,
     run_of_kind,
     string,
@@ -156,7 +157,7 @@ def update_evaluation(req: Request) -> Response:
         if summary:
             changes["summary"] = merged(row["summary"], summary)
         if status is not None:
-            row = close_run(conn, row, status, error, again_is_ok=False, **changes)
+            row = close_run(conn, row, recorded_status(status, error), error, again_is_ok=False, **changes)
         else:
             row = update_run(conn, run_id, **changes)
     return json_response(200, _view(req, row))

@@ -60,6 +60,7 @@ from prime_traces.server._platform import (
     json_object,
     merged,
     platform_status,
+    recorded_status,
     required_string,
     run_of_kind,
     string,
@@ -132,7 +133,7 @@ def update_status(req: Request) -> Response:
     with req.state.store.writer() as conn:
         row = run_of_kind(conn, run_id, "train", adopt=True)
         assert row is not None  # adopt=True
-        row = close_run(conn, row, status, error, again_is_ok=False)
+        row = close_run(conn, row, recorded_status(status, error), error, again_is_ok=False)
     return json_response(200, {"run": _view(req, row)})
 
 

@@ -79,7 +79,18 @@ def get_file(req: Request) -> Response:
     return _file(req.path[len(UI_PATH) :])
 
 
+def get_dashboard_link(req: Request) -> Response:
+    """``GET /dashboard/{evaluations,training}/<id>``: the platform's run page, as the viewer's page of that run.
+
+    A client that builds the platform's dashboard link from this service's
+    origin (a run it attached to by id) lands on the viewer.
+    """
+    run_id = req.path.rsplit("/", 1)[-1]
+    return Response(302, b"", content_type=None, headers={"Location": f"/#/run/{run_id}", **_headers()})
+
+
 ROUTES = [
     page_route("/", get_page),
     page_route(r"/ui/.+", get_file),
+    page_route(r"/dashboard/(?:evaluations|training)/[^/]+", get_dashboard_link),
 ]
