@@ -126,6 +126,7 @@ class Run:
             name=name,
             mode=mode,
             directory=self.dir,
+            kind=kind,
             state=state,
             stats=self.stats,
             console=console,

@@ -24,7 +24,9 @@ parser.add_argument("--small", action="store_true")
 args = parser.parse_args()
 rng = random.Random(args.seed)
 where = {"dir": args.dir} if args.dir else {}
-run = prime_runs.init("crashy", mode="offline", id=args.id, handle_signals=False, **where)
+run = prime_runs.init(
+    "crashy", mode="offline", id=args.id, handle_signals=False, environments=["e"], model="m", team_id="t", **where
+)
 blob = "".join(rng.choice("abcdefghij klmnop") for _ in range(600_000))
 print("ready", flush=True)
 i = 0

@@ -56,6 +56,11 @@ class FakePlatform:
         self.environments: dict[str, str] = {}
         #: Statuses to answer instead, in order, per "METHOD path" (the path as requested).
         self.fail: dict[str, list[int]] = defaultdict(list)
+        #: Answer uploads to ``/api/v1/traces`` with 403 ``service_not_enabled`` (an account without Prime Traces).
+        self.traces_not_enabled = False
+        #: Legacy training tables put to the presigned URL, by storage key.
+        self.objects: dict[str, bytes] = {}
+        self.confirmed: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         platform = self
@@ -67,7 +72,8 @@ class FakePlatform:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                body = json.loads(raw) if raw else None
+                content_type = self.headers.get("Content-Type") or ""
+                body = json.loads(raw) if raw and content_type.startswith("application/json") else raw or None
                 status, answer = platform._answer(self.command, self.path, dict(self.headers.items()), body)
                 data = json.dumps(answer).encode()
                 self.send_response(status)
@@ -110,6 +116,9 @@ class FakePlatform:
             queued = self.fail.get(f"{method} {path}")
             if queued:
                 return queued.pop(0), {"detail": "injected failure"}
+            if path.startswith("/storage/") and method == "PUT":
+                self.objects[path.removeprefix("/storage/")] = body or b""
+                return 200, {}
             if not headers.get("Authorization", "").startswith("Bearer "):
                 return 401, {"detail": "Not authenticated"}
             return self._route(method, path.split("?", 1)[0], body or {})
@@ -139,6 +148,15 @@ class FakePlatform:
             if run is None:
                 return 404, {"detail": "run not found"}
             run.status = "COMPLETED"
+            return 200, {"data": {"status": "success"}}
+        if path == "/api/v1/traces" and method == "POST" and self.traces_not_enabled:
+            message = "Prime Traces is not enabled for this account"
+            return 403, {"error": {"code": "service_not_enabled", "message": message}}
+        if re.fullmatch(_ROOT + r"/rft/samples/presign", path) and method == "POST":
+            key = f"runs/{body['run_id']}/step-{body['step']}-{len(self.objects)}.parquet"
+            return 200, {"data": {"presignedUrl": f"{self.url}/storage/{key}", "s3Key": key, "expiresIn": 900}}
+        if re.fullmatch(_ROOT + r"/rft/samples/confirm", path) and method == "POST":
+            self.confirmed.append(body)
             return 200, {"data": {"status": "success"}}
         if re.fullmatch(_ROOT + r"/rft/metrics", path) and method == "POST":
             run = self.runs.get(body.get("run_id", ""))

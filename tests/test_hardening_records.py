@@ -182,10 +182,10 @@ def test_to_json_records_are_stamped_with_the_run_and_stored_as_their_bytes_say(
         _OwnJson(orjson.dumps(docs[1]).decode()),
         _OwnJson(ValueError("serialiser broke")),
     ]
-    run = online(service, console="off", kind="train")
+    run = online(service, console="off")
     assert run.log_episodes(records)
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
-    stamp = {"id": run.id, "type": "train"}
+    stamp = {"id": run.id, "type": "eval"}
     with service.state.store.reader() as conn:
         members = {d["id"]: d for d in (orjson.loads(r) for (r,) in conn.execute("SELECT raw FROM trace_docs"))}
         envelopes = {d["id"]: d for d in (orjson.loads(r) for (r,) in conn.execute("SELECT raw FROM episode_docs"))}

@@ -54,6 +54,7 @@ def test_save_local_keeps_a_copy_of_every_record_and_the_run(isolated, service):
         "_records/dropped": 0,
         "_records/failed": 1,
         "_records/spooled": 0,
+        "prime_runs": {"traces_episodes_written": 11},  # an evaluation's count on the platform
     }
     assert (document["status"], document["config"], document["summary"]) == (
         "completed",

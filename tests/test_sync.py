@@ -88,7 +88,8 @@ def test_an_offline_run_arrives_whole_and_a_second_sync_stores_nothing(isolated,
     )
     assert remote["config"] == {"lr": 1e-6}
     counts = {"_records/logged": 42, "_records/saved": 42, "_records/dropped": 0, "_records/failed": 0}
-    assert remote["summary"] == {"reward": 0.3, "loss": 0.25, "step": 3, **counts}
+    written = {"prime_runs": {"traces_episodes_written": 40}}  # the episodes the sync stored (not the 2 traces)
+    assert remote["summary"] == {"reward": 0.3, "loss": 0.25, "step": 3, **counts, **written}
     assert remote["context"] == {"source": "prime-runs", "run_type": "eval", "model": "test-model"}
     before = service.stats()
     code, out, _ = sync(capsys, service, run.dir)
@@ -290,7 +291,7 @@ def test_a_spool_without_run_json_is_uploaded_under_its_directorys_run(isolated,
     assert code == 0, err
     remote = get_run(service, "rank-run")
     assert remote["trace_count"] == 3 and remote["status"] is None  # its lifecycle is the owner's
-    assert remote["context"] == {"source": "prime-runs", "run_type": "eval", "model": "test-model"}
+    assert remote["context"] == {"source": "prime-runs", "run_type": "eval"}  # no run.json: nothing more known
 
 
 def test_sync_of_a_directory_of_runs_and_its_exit_statuses(isolated, service, capsys, monkeypatch):

@@ -181,6 +181,7 @@ class EvalRuns(PlatformRuns):
         attached: bool,
         deadline_s: float,
     ) -> bool:
+        deadline = time.monotonic() + deadline_s
         try:
             # The launcher that created an attached run keeps its config; its summary is ours to send.
             metadata = None if attached else config
@@ -188,7 +189,7 @@ class EvalRuns(PlatformRuns):
         except APIError as err:
             logger.warning("run %s: config/summary update failed (%s); still marking it %s", run_id, err, status.value)
         if status is RunStatus.COMPLETED:
-            self.client.finalize_evaluation(run_id, summary, deadline_s=deadline_s)
+            self.client.finalize_evaluation(run_id, summary, deadline_s=_left(deadline))
             return True
         if attached:
             logger.info("run %s: %s, but the launcher of an attached run records its failure", run_id, status.value)
@@ -196,7 +197,7 @@ class EvalRuns(PlatformRuns):
         if status is RunStatus.CRASHED:
             error = f"crashed: {error}" if error else "crashed"
         closed = "CANCELLED" if status is RunStatus.CANCELLED else "FAILED"
-        if not self.client.close_evaluation(run_id, closed, error, deadline_s=deadline_s):
+        if not self.client.close_evaluation(run_id, closed, error, deadline_s=_left(deadline)):
             logger.info("run %s is already closed on the platform; not marking it %s", run_id, status.value)
         return True
 
@@ -259,12 +260,13 @@ class TrainingRuns(PlatformRuns):
         attached: bool,
         deadline_s: float,
     ) -> bool:
+        deadline = time.monotonic() + deadline_s
         if status is RunStatus.COMPLETED:
             try:
                 self.client.finalize_training_run(run_id, deadline_s=deadline_s)
             except APIError as err:
                 logger.warning("run %s could not be finalized (%s); falling back to a status update", run_id, err)
-                self.client.close_training_run(run_id, "completed", deadline_s=deadline_s)
+                self.client.close_training_run(run_id, "completed", deadline_s=_left(deadline))
             return True
         if attached:
             logger.info("run %s: %s, but the launcher of an attached run records its failure", run_id, status.value)
@@ -299,6 +301,11 @@ class TrainingRuns(PlatformRuns):
         if left <= 0:
             raise TransportError("the metrics' deadline passed before this step was sent")
         self.client.post_training_metrics(run_id, metrics, deadline_s=left)
+
+
+def _left(deadline: float) -> float:
+    # What is left of a deadline for the next request; a sliver at least, so that it is tried.
+    return max(0.1, deadline - time.monotonic())
 
 
 def _finite(value: Any) -> bool:
