@@ -391,6 +391,12 @@ class PlatformClient:
         """Release this client's connections."""
         self._transport.close()
 
+    def __enter__(self) -> PlatformClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 def _environment_id(answer: Mapping[str, Any], what: str) -> str:
     data = answer.get("data")

@@ -1,3 +1,3 @@
-"""The distribution's version, read by setup.cfg."""
+"""The version of both distributions built from this repository (prime-runs and prime-traces)."""
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.2.0"

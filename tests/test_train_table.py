@@ -51,7 +51,7 @@ def _train_episode(episode_id: str, *, idx: Any, advantage: Any = 0.5, env_id: s
 def test_without_pyarrow_the_table_says_which_extra_installs_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow` raise ImportError
     assert projection.parquet_available() is False
-    with pytest.raises(ImportError, match=r"pip install 'prime-traces-sdk\[train\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'prime-runs\[train\]'"):
         projection.train_sample_schema()
     with pytest.raises(ImportError, match="needs pyarrow") as caught:
         projection.episodes_to_parquet_bytes([_train_episode("e", idx=1)], "run-1", 10)

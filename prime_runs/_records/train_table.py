@@ -25,7 +25,7 @@ from prime_runs._records.samples import build_samples, null_non_finite, summary_
 #: The message of the ImportError raised when a table is asked for without pyarrow.
 PYARROW_MISSING = (
     "the training samples table is written as Parquet, which needs pyarrow: "
-    "pip install 'prime-traces-sdk[train]' (or pip install 'pyarrow>=15.0.0')"
+    "pip install 'prime-runs[train]' (or pip install 'pyarrow>=15.0.0')"
 )
 
 # The columns that hold a sample row's part of the same name as JSON text.
