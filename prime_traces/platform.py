@@ -6,13 +6,8 @@ resolves environments through its hub, and sends what the platform keeps of
 a run beside its records (training metrics per step, legacy sample rows).
 The local service (``prime-traces serve``) answers the same routes.
 
-Where it sends (:func:`resolve_platform`): the ``base_url`` argument, then
-``PRIME_API_BASE_URL``, then ``PRIME_BASE_URL``, then ``base_url`` in
-``~/.prime/config.json``, then the Traces service's own URL when one is
-configured (``PRIME_TRACES_URL`` or ``traces_url``: one setting points both
-at a local service), then :data:`~prime_traces.config.DEFAULT_BASE_URL`. A
-base ending in ``/api/internal`` is a hosted run's internal root: requests go
-under it and also carry the key in ``x-api-key``.
+Where it sends, and with which key, is :func:`resolve_platform`'s
+(:mod:`prime_traces.platform_config`).
 
 Requests that are safe to repeat are retried like reads (429, 502, 503, 504,
 transport errors; ``Retry-After`` honoured). Creating a run, finalizing an
@@ -23,12 +18,9 @@ service certainly did nothing (a refusal, or a connection never made).
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import requests
@@ -36,17 +28,17 @@ import requests
 from prime_traces._api.runs import encode_json
 from prime_traces._http.retry import is_refusal, request_retrying
 from prime_traces._http.transport import Transport, not_sent
-from prime_traces.config import (
-    DEFAULT_BASE_URL,
-    ENV_API_KEY,
-    ENV_TRACES_URL,
-    ClientConfig,
-    _clean_api_key,
-    _file_str,
-    _read_config_file,
-    quote_path_id,
-)
+from prime_traces.config import ClientConfig, quote_path_id
 from prime_traces.errors import APIError, ResponseFormatError, RetryableAPIError, TransportError
+from prime_traces.platform_config import (
+    DEFAULT_FRONTEND_URL,
+    ENV_FRONTEND_URL,
+    ENV_PLATFORM_URL,
+    PlatformConfig,
+    configured_platform_url,
+    resolve_platform,
+    split_api_root,
+)
 
 __all__ = [
     "DEFAULT_FRONTEND_URL",
@@ -59,107 +51,12 @@ __all__ = [
     "split_api_root",
 ]
 
-ENV_PLATFORM_URL = "PRIME_API_BASE_URL"
-_ENV_PLATFORM_URL_ALIAS = "PRIME_BASE_URL"
-ENV_FRONTEND_URL = "PRIME_FRONTEND_URL"
-DEFAULT_FRONTEND_URL = "https://app.primeintellect.ai"
-PUBLIC_API_PATH = "/api/v1"
-INTERNAL_API_PATH = "/api/internal"
 #: Longest wait for one answer of the platform; sample uploads get longer.
 PLATFORM_TIMEOUT_S = 60.0
 SAMPLES_TIMEOUT_S = 300.0
 DEFAULT_PLATFORM_ATTEMPTS = 5
 #: The platform keeps at most this much of an evaluation's error message.
 MAX_ERROR_MESSAGE_CHARS = 4096
-_API_SUFFIXES = (
-    ("/api/internal/rft", INTERNAL_API_PATH),
-    ("/api/internal", INTERNAL_API_PATH),
-    ("/api/v1/rft", PUBLIC_API_PATH),
-    ("/api/v1", PUBLIC_API_PATH),
-)
-
-
-def split_api_root(base_url: str) -> tuple[str, str]:
-    """``(origin, api_path)`` of a base URL: ``https://h/api/internal/rft`` is ``("https://h", "/api/internal")``.
-
-    Only the path is read (query and fragment are dropped); without one of the
-    platform's API roots at its end, the public root ``/api/v1`` is meant.
-    """
-    parts = urlsplit(base_url.strip())
-    path = parts.path.rstrip("/")
-    api_path = PUBLIC_API_PATH
-    for suffix, root in _API_SUFFIXES:
-        if path.endswith(suffix):
-            path, api_path = path[: -len(suffix)], root
-            break
-    return f"{parts.scheme}://{parts.netloc}{path}", api_path
-
-
-@dataclass(frozen=True)
-class PlatformConfig:
-    """Where platform requests go and with which key; its ``repr`` never shows the key."""
-
-    api_key: str = field(repr=False)
-    origin: str = DEFAULT_BASE_URL
-    api_path: str = PUBLIC_API_PATH
-    frontend_url: str = DEFAULT_FRONTEND_URL
-
-    @property
-    def internal(self) -> bool:
-        """Whether requests go under a hosted run's internal root."""
-        return self.api_path == INTERNAL_API_PATH
-
-    @property
-    def api_prefix(self) -> str:
-        return self.origin + self.api_path
-
-
-def resolve_platform(
-    api_key: str | None = None,
-    base_url: str | None = None,
-    *,
-    frontend_url: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-) -> PlatformConfig:
-    """Resolve the platform's address, key and dashboard origin (see the module docstring for the order).
-
-    The key is resolved as the Traces client's is: the argument when not
-    ``None``, then ``PRIME_API_KEY``, then the file's ``api_key``. The
-    dashboard origin: ``frontend_url``, then ``PRIME_FRONTEND_URL``, then the
-    file's ``frontend_url``, then :data:`DEFAULT_FRONTEND_URL`.
-    """
-    env = os.environ if environ is None else environ
-    values = _read_config_file(config_path)
-    url = (
-        base_url
-        or env.get(ENV_PLATFORM_URL)
-        or env.get(_ENV_PLATFORM_URL_ALIAS)
-        or _file_str(values, "base_url")
-        or env.get(ENV_TRACES_URL)
-        or _file_str(values, "traces_url")
-        or DEFAULT_BASE_URL
-    )
-    if api_key is not None:
-        key = _clean_api_key(api_key, "the api_key argument")
-    else:
-        key = _clean_api_key(env.get(ENV_API_KEY) or "", ENV_API_KEY) or _clean_api_key(
-            _file_str(values, "api_key"), "api_key in ~/.prime/config.json"
-        )
-    origin, api_path = split_api_root(url)
-    # Another platform than the hosted one (the local service) serves its run pages from its own origin.
-    default_front = DEFAULT_FRONTEND_URL if origin == DEFAULT_BASE_URL else origin
-    front = frontend_url or env.get(ENV_FRONTEND_URL) or _file_str(values, "frontend_url") or default_front
-    return PlatformConfig(key, origin, api_path, front.rstrip("/"))
-
-
-def configured_platform_url(
-    *, environ: Mapping[str, str] | None = None, config_path: str | os.PathLike[str] | None = None
-) -> str | None:
-    """The platform's URL when the environment or the config file names one (``None``: the fallbacks apply)."""
-    env = os.environ if environ is None else environ
-    found = env.get(ENV_PLATFORM_URL) or env.get(_ENV_PLATFORM_URL_ALIAS)
-    return found or _file_str(_read_config_file(config_path), "base_url") or None
 
 
 def _may_resend(replayable: bool, error: BaseException) -> bool:

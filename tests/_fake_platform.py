@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import requests
+
 
 @dataclass
 class Seen:
@@ -56,8 +58,13 @@ class FakePlatform:
         self.environments: dict[str, str] = {}
         #: Statuses to answer instead, in order, per "METHOD path" (the path as requested).
         self.fail: dict[str, list[int]] = defaultdict(list)
-        #: Answer uploads to ``/api/v1/traces`` with 403 ``service_not_enabled`` (an account without Prime Traces).
-        self.traces_not_enabled = False
+        #: Where record uploads (``POST /api/v1/traces``) are passed on to: a local Traces service's URL.
+        self.traces_upstream: str | None = None
+        #: The answer to record uploads once ``traces_refuse_after`` were passed on: (status, error code);
+        #: ``(403, "service_not_enabled")`` is an account without Prime Traces.
+        self.traces_refusal: tuple[int, str] | None = None
+        self.traces_refuse_after = 0
+        self._traces_passed = 0
         #: Legacy training tables put to the presigned URL, by storage key.
         self.objects: dict[str, bytes] = {}
         self.confirmed: list[dict[str, Any]] = []
@@ -111,6 +118,8 @@ class FakePlatform:
         return f"{prefix}-{next(self._ids)}"
 
     def _answer(self, method: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, Any]:
+        if path == "/api/v1/traces" and method == "POST":
+            return self._traces(headers, body)
         with self._lock:
             self.seen.append(Seen(method, path, headers, body))
             queued = self.fail.get(f"{method} {path}")
@@ -149,9 +158,6 @@ class FakePlatform:
                 return 404, {"detail": "run not found"}
             run.status = "COMPLETED"
             return 200, {"data": {"status": "success"}}
-        if path == "/api/v1/traces" and method == "POST" and self.traces_not_enabled:
-            message = "Prime Traces is not enabled for this account"
-            return 403, {"error": {"code": "service_not_enabled", "message": message}}
         if re.fullmatch(_ROOT + r"/rft/samples/presign", path) and method == "POST":
             key = f"runs/{body['run_id']}/step-{body['step']}-{len(self.objects)}.parquet"
             return 200, {"data": {"presignedUrl": f"{self.url}/storage/{key}", "s3Key": key, "expiresIn": 900}}
@@ -166,6 +172,23 @@ class FakePlatform:
             run.steps[int(metrics.get("step", -1))] = metrics
             return 200, {"data": {"status": "success"}}
         return 404, {"detail": "Not Found"}
+
+    def _traces(self, headers: dict[str, str], body: Any) -> tuple[int, Any]:
+        with self._lock:
+            self.seen.append(Seen("POST", "/api/v1/traces", headers, None))
+            refusal = self.traces_refusal if self._traces_passed >= self.traces_refuse_after else None
+            if refusal is None:
+                self._traces_passed += 1
+        if refusal is not None:
+            status, code = refusal
+            return status, {"error": {"code": code, "message": f"refused by the test ({code})"}}
+        if self.traces_upstream is None:
+            return 404, {"detail": "Not Found"}
+        # Outside the lock: the upstream service may take its time, and uploads go on side by side.
+        skip = {"host", "content-length", "connection", "accept-encoding"}
+        passed = {name: value for name, value in headers.items() if name.lower() not in skip}
+        answer = requests.post(f"{self.traces_upstream}/api/v1/traces", data=body, headers=passed, timeout=60)
+        return answer.status_code, answer.json()
 
     def _environment(self, name: str) -> str:
         return self.environments.setdefault(name, f"env-{len(self.environments) + 1}")

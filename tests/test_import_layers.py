@@ -213,7 +213,7 @@ PRIME_TRACES_STAGES: list[tuple[str, ...]] = [
     ("prime_traces.client", "prime_traces.platform"),  # TracesClient, PlatformClient
     ("prime_traces._upload", "prime_traces.report"),  # batches, their requests, the window
     ("prime_traces._api",),  # reads, runs, response models
-    ("prime_traces._http", "prime_traces.config"),  # transport, retries, redaction, settings
+    ("prime_traces._http", "prime_traces.config", "prime_traces.platform_config"),  # transport, retries, settings
     ("prime_traces.server",),  # the local service: shares only the line rules
     ("prime_traces._lines", "prime_traces.encoding"),  # encoder, chunker, sizing, line rules
     ("prime_traces.errors", "prime_traces.threads", "prime_traces.version"),

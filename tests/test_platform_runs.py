@@ -211,12 +211,12 @@ class _VerifiersEpisode(Episode):
         return wire_episode(self.id, [wire_trace(trace.id) for trace in self.traces])
 
 
-def _objects(count: int) -> list[_VerifiersEpisode]:
-    return [_VerifiersEpisode(f"ep-{i}", [make_trace(f"ep-{i}-t", idx=i)]) for i in range(count)]
+def _objects(count: int, prefix: str = "ep") -> list[_VerifiersEpisode]:
+    return [_VerifiersEpisode(f"{prefix}-{i}", [make_trace(f"{prefix}-{i}-t", idx=i)]) for i in range(count)]
 
 
 def test_an_account_without_prime_traces_sends_episodes_to_the_legacy_samples(platform):
-    platform.traces_not_enabled = True
+    platform.traces_refusal = (403, "service_not_enabled")
     run = start(platform, None)
     assert run.log_episodes(_objects(3))
     assert run.log_episodes([wire_episode("as-dict", [wire_trace("d-t")])])  # a dict has no sample row
@@ -243,3 +243,37 @@ def test_opting_out_by_the_environment_is_read_and_checked(platform, monkeypatch
     with pytest.raises(prime_runs.ConfigurationError, match="PRIME_TRACES_OPT_OUT"):
         start(platform, None)
     assert platform.paths() == []  # refused before any request
+
+
+@pytest.mark.parametrize(
+    "status, code, failed, spooled",
+    [
+        (403, "forbidden", {}, 3),  # a key without the traces scope: kept on disk for a sync
+        (401, "unauthenticated", {}, 3),  # a key refused: kept on disk for a sync with another
+        (400, "invalid_trace", {"rejected:invalid_trace": 3}, 0),  # records refused for their own fault
+    ],
+)
+def test_a_refusal_other_than_no_prime_traces_never_goes_to_the_legacy_samples(platform, status, code, failed, spooled):
+    platform.traces_refusal = (status, code)
+    run = start(platform, None)
+    assert run.log_episodes(_objects(3))
+    run.finish()
+    assert platform.bodies("POST", r".*/samples") == []
+    traces = run.stats()["sinks"]["traces"]
+    assert traces.get("routed") != "legacy_samples"
+    assert (traces["stored"], traces["failed"], traces["spooled"]) == (0, failed, spooled)
+
+
+def test_prime_traces_refused_after_a_commit_does_not_split_the_run(platform, service):
+    platform.traces_upstream = service.url
+    platform.traces_refusal, platform.traces_refuse_after = (403, "service_not_enabled"), 1
+    run = start(platform, None)
+    assert run.log_episodes(_objects(1))
+    assert run.flush(GATE_TIMEOUT_S)  # committed on Prime Traces
+    assert run.log_episodes(_objects(2, prefix="late"))
+    run.finish()
+    assert platform.bodies("POST", r".*/samples") == []  # no episode of this run goes to the legacy table
+    assert stored_episodes(service) == {"ep-0": 1}
+    traces = run.stats()["sinks"]["traces"]
+    assert (traces["stored"], sum(traces["failed"].values()) + traces["spooled"]) == (1, 2)
+    assert platform.runs[run.id].metrics["prime_runs"] == {"traces_episodes_written": 1}

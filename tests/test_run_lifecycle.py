@@ -135,7 +135,8 @@ def test_log_and_update_config_reach_the_run_at_finish(service):
     run.finish({"final": True}, timeout_s=FLUSH_TIMEOUT_S)
     remote = get_run(service, run.id)
     counts = {f"_records/{k}": 0 for k in ("logged", "stored", "dropped", "failed", "spooled")}
-    assert remote["summary"] == {"loss": 0.5, "acc": 0.1, "step": 2, "final": True, **counts}
+    written = {"prime_runs": {"traces_episodes_written": 0}}  # what Prime Traces holds of an evaluation
+    assert remote["summary"] == {"loss": 0.5, "acc": 0.1, "step": 2, "final": True, **counts, **written}
     assert remote["config"] == {"lr": 2, "seed": 0, "batch": 8}
     assert remote["status"] == "completed"
     assert remote["error"] is None and remote["finished_at"] is not None

@@ -17,25 +17,13 @@ from typing import Any
 
 import pytest
 import requests
+from _run_helpers import ENV_NAMES, KEY, REPO
 
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[1]
-KEY = "test-key"
 PROCESS_TIMEOUT_S = 60.0
-ENV_NAMES = (
-    "PRIME_API_KEY",
-    "PRIME_TRACES_URL",
-    "PRIME_TEAM_ID",
-    "PRIME_RUNS_MODE",
-    "PRIME_RUN_ID",
-    "PRIME_RUN_KIND",
-    "RANK",
-    "PRIME_API_BASE_URL",
-    "PRIME_BASE_URL",
-)
 
 # Every script starts with this: small episodes from the shared builders.
 PRELUDE = """

@@ -30,7 +30,9 @@ from prime_traces.server._upload import _check_utf8 as check_utf8
 TOOLS = Path(__file__).resolve().parent
 PRODUCER = TOOLS / "_loadtest_producer.py"
 PUBLISHED_RUNS = "prime-runs==0.1.4"
-PUBLISHED_VENV = Path.home() / ".cache" / "prime-traces-bench" / "venv-prime-runs-0.1.4"
+VERIFIERS = "verifiers==0.4.0"
+BENCH_CACHE = Path.home() / ".cache" / "prime-traces-bench"
+PUBLISHED_VENV = BENCH_CACHE / "venv-prime-runs-0.1.4"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: How long a producer may take to exit once it reported, before it counts as hung and is killed.
 EXIT_LIMIT_S = 30.0
@@ -103,17 +105,37 @@ class Service:
 
 def published_python() -> Path:
     """The Python of a virtualenv holding only the published prime-runs 0.1.4 (and orjson-free deps)."""
-    python = PUBLISHED_VENV / "bin" / "python"
-    marker = PUBLISHED_VENV / "installed.txt"
-    if marker.exists() and marker.read_text() == PUBLISHED_RUNS:
+    return _virtualenv(PUBLISHED_VENV, [PUBLISHED_RUNS])
+
+
+def verifiers_python(sdk: str) -> Path:
+    """A virtualenv with verifiers 0.4.0 and ``sdk``: ``ours`` (this tree, editable) or ``published``.
+
+    verifiers requires prime-runs>=0.1.4: with ours installed after it, ours is
+    the one imported (the README's "Moving from prime-runs 0.1.x").
+    """
+    if sdk == "published":
+        return _virtualenv(BENCH_CACHE / "venv-verifiers-published", [VERIFIERS, PUBLISHED_RUNS])
+    repo = TOOLS.parent
+    ours = ["-e", str(repo / "packaging" / "prime-traces"), "-e", str(repo)]
+    return _virtualenv(BENCH_CACHE / "venv-verifiers-ours", [VERIFIERS], ours)
+
+
+def _virtualenv(path: Path, *steps: list[str]) -> Path:
+    """The Python of a virtualenv at ``path`` in which each of ``steps`` was ``pip install``-ed, in order."""
+    python = path / "bin" / "python"
+    marker = path / "installed.txt"
+    wanted = json.dumps(steps)
+    if marker.exists() and marker.read_text() == wanted:
         return python
-    venv.create(PUBLISHED_VENV, with_pip=True, clear=True)
-    done = subprocess.run(
-        [str(python), "-I", "-m", "pip", "install", "--quiet", PUBLISHED_RUNS], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"pip install {PUBLISHED_RUNS} failed:\n{done.stderr[-3000:]}")
-    marker.write_text(PUBLISHED_RUNS)
+    venv.create(path, with_pip=True, clear=True)
+    for step in steps:
+        done = subprocess.run(
+            [str(python), "-I", "-m", "pip", "install", "--quiet", *step], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"pip install {' '.join(step)} failed:\n{done.stderr[-3000:]}")
+    marker.write_text(wanted)
     return python
 
 
@@ -129,13 +151,26 @@ class Producer:
 
 
 def start_producer(
-    sdk: str, service: Service, templates: str, sizes: str, *, key: str, run_id: str, workdir: str, args: list[str]
+    sdk: str,
+    service: Service,
+    templates: str,
+    sizes: str,
+    *,
+    key: str,
+    run_id: str,
+    workdir: str,
+    args: list[str],
+    python: Path | None = None,
 ) -> subprocess.Popen[str]:
-    """Start a producer (``ours``, ``published`` or ``none``) against ``service``; see ``wait_producer``."""
-    python = str(published_python()) if sdk == "published" else sys.executable
+    """Start a producer (``ours``, ``published`` or ``none``) against ``service``; see ``wait_producer``.
+
+    ``python``: the interpreter to run it with; by default this one, or the published SDK's.
+    """
+    if python is None:
+        python = published_python() if sdk == "published" else Path(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "PYTHONPATH", "RANK"))}
     env.update(PRIME_TRACES_URL=service.url, PRIME_API_KEY=key, PRIME_RUNS_MODE="online")
-    command = [python, str(PRODUCER), "--sdk", sdk, "--templates", templates, "--sizes", sizes, "--run-id", run_id]
+    command = [str(python), str(PRODUCER), "--sdk", sdk, "--templates", templates, "--sizes", sizes, "--run-id", run_id]
     command += ["--dir", workdir, *args]
     stderr = tempfile.TemporaryFile(mode="w+", dir=workdir)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=workdir, env=env)

@@ -2,6 +2,7 @@
 
     python tools/_loadtest_producer.py --sdk ours|published|none --templates T.json --sizes S.json \
         [--asyncio] [--poison INDEX] [--finish-timeout-s 60] [--run-id ID] [--dir DIR] [--max-in-flight N]
+        [--verifiers objects|dicts]
 
 The service comes from ``PRIME_TRACES_URL`` / ``PRIME_API_KEY``. ``ours`` is
 ``prime_runs.init()`` of this project; ``published`` is the published
@@ -12,8 +13,11 @@ local service does not serve), run from a virtualenv holding only it;
 and time the workload costs on its own. With ``--asyncio`` the episodes are
 logged from a coroutine while a probe beside it on the same event loop
 measures how late each 1 ms sleep wakes (the loop's lag), while the episodes
-are logged and while ``finish()`` drains them on a helper thread. One JSON object
-on the last line of stdout holds every measure.
+are logged and while ``finish()`` drains them on a helper thread. With
+``--verifiers`` the episodes are verifiers ``Episode`` objects shaped like real
+rollouts (``_loadgen_verifiers``), built before the clock starts, and logged as
+the objects or as their ``to_record()`` dicts (the producer's Python must
+have verifiers). One JSON object on the last line of stdout holds every measure.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class Ours:
             handle_signals=False,
         )
 
-    def log(self, episode: dict[str, Any]) -> None:
+    def log(self, episode: Any) -> None:
         self.run.log_episodes([episode])
 
     def finish(self, timeout_s: float) -> dict[str, Any]:
@@ -94,7 +98,7 @@ class Published:
         self.worker.start()
         self.submitted = 0
 
-    def log(self, episode: dict[str, Any]) -> None:
+    def log(self, episode: Any) -> None:
         self.submitted += 1
         self.worker.submit([episode])
 
@@ -110,8 +114,9 @@ class NoSdk:
     def __init__(self, args: argparse.Namespace) -> None:
         self.submitted = 0
 
-    def log(self, episode: dict[str, Any]) -> None:
-        self.submitted += len(episode["traces"]) > 0
+    def log(self, episode: Any) -> None:
+        traces = episode["traces"] if isinstance(episode, dict) else episode.traces
+        self.submitted += len(traces) > 0
 
     def finish(self, timeout_s: float) -> dict[str, Any]:
         return {"submitted": self.submitted, "dropped": 0, "failed": 0, "spooled": 0}
@@ -120,7 +125,23 @@ class NoSdk:
 SDKS: dict[str, Callable[[argparse.Namespace], Any]] = {"ours": Ours, "published": Published, "none": NoSdk}
 
 
-def log_one(sdk: Any, templates: Templates, index: int, size: int, poison: int | None, call_s: list[float]) -> None:
+class Prebuilt:
+    """verifiers episodes made before the run, handed out as ``Templates.episode`` hands out its own."""
+
+    def __init__(self, sizes: list[int], form: str) -> None:
+        import _loadgen_verifiers
+
+        tokens = {size: _loadgen_verifiers.tokens_for(size) for size in set(sizes)}
+        made = [_loadgen_verifiers.episode(index, tokens[size]) for index, size in enumerate(sizes)]
+        self.episodes: list[Any] = [e.to_record() for e in made] if form == "dicts" else made
+
+    def episode(self, index: int, _size: int) -> Any:
+        return self.episodes[index]
+
+
+def log_one(
+    sdk: Any, templates: Templates | Prebuilt, index: int, size: int, poison: int | None, call_s: list[float]
+) -> None:
     """Build episode ``index`` (unencodable when it is ``poison``) and log it, timing the call alone.
 
     The garbage collector's pauses inside the call go to ``_CALL_GC_S`` too:
@@ -146,13 +167,20 @@ def log_one(sdk: Any, templates: Templates, index: int, size: int, poison: int |
     _CALL_SWITCHES.append((waits, preempted))
 
 
-def produce(sdk: Any, templates: Templates, sizes: list[int], poison: int | None, call_s: list[float]) -> None:
+def produce(
+    sdk: Any, templates: Templates | Prebuilt, sizes: list[int], poison: int | None, call_s: list[float]
+) -> None:
     for index, size in enumerate(sizes):
         log_one(sdk, templates, index, size, poison, call_s)
 
 
 async def produce_beside_a_probe(
-    sdk: Any, templates: Templates, sizes: list[int], poison: int | None, call_s: list[float], timeout_s: float
+    sdk: Any,
+    templates: Templates | Prebuilt,
+    sizes: list[int],
+    poison: int | None,
+    call_s: list[float],
+    timeout_s: float,
 ) -> tuple[list[float], dict[str, Any], float]:
     """Log, then finish on a helper thread (as ``afinish()`` does), the probe running all along."""
     lags: list[float] = []
@@ -214,10 +242,11 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where our SDK keeps its run directory")
     parser.add_argument("--max-in-flight", type=int, default=8)
     parser.add_argument("--compression", default="auto", help="ours only: auto, zstd, gzip or none")
+    parser.add_argument("--verifiers", choices=("objects", "dicts"), default=None)
     args = parser.parse_args()
-    templates = Templates.load(args.templates)
     with open(args.sizes, encoding="utf-8") as file:
         sizes = [int(size) for size in json.load(file)]
+    templates = Prebuilt(sizes, args.verifiers) if args.verifiers else Templates.load(args.templates)
     rss_before_mb = _peak_rss_mb()
     sdk = SDKS[args.sdk](args)
     call_s: list[float] = []

@@ -1,6 +1,6 @@
 """The load test: production-sized episodes through our SDK and the published prime-runs 0.1.4, side by side.
 
-    python tools/loadtest.py [--scenarios a,b,c,d,e,f] [--episodes 1000] [--scale 0.1] [--skip-published]
+    python tools/loadtest.py [--scenarios a,b,c,d,e,f,v] [--episodes 1000] [--scale 0.1] [--skip-published]
                              [--json FILE] [--markdown docs/benchmarks.md] [--smoke]
 
 Every scenario starts ``prime-traces serve --store none`` (light validation
@@ -20,7 +20,13 @@ Delivered counts come from the service. Scenarios:
   limit 8, on a network (200 ms and 1 MB/s per request) on which one alone is
   network-bound, with two credentials and with one shared (as ranks of one
   job do); ~30 uploads each, so the shared limit binds past the slow start;
-- f: ``--f-episodes`` (10,000) episodes of 2.2 MB, ours, for peak memory.
+- f: ``--f-episodes`` (10,000) episodes of 2.2 MB, ours, for peak memory;
+- v: ``--v-episodes`` (12) verifiers ``Episode`` objects of 7.4 MB shaped like
+  real rollouts (token ids and logprobs on every node), logged as objects and
+  as their ``to_record()`` dicts, ours and the published SDK, each in a
+  virtualenv with verifiers 0.4.0, beside the event-loop lag probe. Not in
+  the default list: ``--scenarios v`` (it installs verifiers once, under
+  ``~/.cache/prime-traces-bench``).
 
 The machine's ceiling (``_loadtest_parts``) and the floors it sets for a
 caller's thread with no SDK (``_loadtest_floors``) are measured in the same
@@ -30,9 +36,7 @@ run; ratios, not absolute times, are the claims. ``--smoke``: a and c, small.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -41,8 +45,8 @@ from typing import Any
 
 from _loadgen import Templates, production_sizes
 from _loadtest_floors import measure_call_floor, measure_lag_floor, measure_pauses
-from _loadtest_parts import Service, measure_ceiling, start_producer, wait_producer
-from _loadtest_targets import slowest_call, verdicts
+from _loadtest_parts import Service, measure_ceiling, start_producer, verifiers_python, wait_producer
+from _loadtest_report import MARK_BEGIN, MARK_END, line, markdown
 
 from prime_runs.cli.workload import generate_episode
 
@@ -50,7 +54,8 @@ FINISH_BUDGET_S = 60.0
 PRODUCER_TIMEOUT_S = 3600.0
 # 8 in flight at 1 MB/s of body each: one producer alone gets ~8 MB/s on the wire (~30 MB/s of JSON), CPU to spare.
 SLOW_NETWORK = ["--latency-ms", "200", "--bandwidth-mb-s", "1"]
-_MARK_BEGIN, _MARK_END = "<!-- loadtest:begin -->", "<!-- loadtest:end -->"
+#: Scenario v's episodes: 7.4 MB of JSON each, as measured of real rollouts.
+VERIFIERS_EPISODE_BYTES = 7_400_000
 
 
 def make_templates(path: Path) -> Templates:
@@ -83,9 +88,10 @@ class LoadTest:
         self._sizes_files[name] = str(path)
         return str(path)
 
-    def workload_rss_mb(self, sizes_file: str) -> float:
+    def workload_rss_mb(self, sizes_file: str, python: Path | None = None, form: list[str] | None = None) -> float:
         """The producer's peak RSS for the workload alone (no SDK), once per workload."""
-        if sizes_file not in self._workload_rss:
+        key = (sizes_file, str(python), " ".join(form or []))
+        if key not in self._workload_rss:
             service = Service(self.tmp)
             try:
                 proc = start_producer(
@@ -96,12 +102,13 @@ class LoadTest:
                     key="none",
                     run_id="run-none",
                     workdir=tempfile.mkdtemp(dir=self.tmp),
-                    args=[],
+                    args=list(form or []),
+                    python=python,
                 )
-                self._workload_rss[sizes_file] = wait_producer(proc, PRODUCER_TIMEOUT_S).report["peak_rss_mb"]
+                self._workload_rss[key] = wait_producer(proc, PRODUCER_TIMEOUT_S).report["peak_rss_mb"]
             finally:
                 service.stop()
-        return self._workload_rss[sizes_file]
+        return self._workload_rss[key]
 
     def run(
         self,
@@ -112,8 +119,14 @@ class LoadTest:
         *,
         flags: list[str] | None = None,
         validate: str = "light",
+        python: Path | None = None,
+        form: list[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """One row per producer: ``producers`` are (sdk, key, extra args), all started at once."""
+        """One row per producer: ``producers`` are (sdk, key, extra args), all started at once.
+
+        ``python`` runs the producers (by default this one, or the published SDK's); ``form``: arguments
+        that make the workload itself (``--verifiers``), given to the workload-only producer too.
+        """
         service = Service(self.tmp, validate=validate, flags=flags)
         try:
             cpu0, faults0, rss0_mb = service.cpu_s(), service.page_faults(), service.rss_mb()
@@ -126,7 +139,8 @@ class LoadTest:
                     key=key,
                     run_id=f"run-{scenario}-{n}",
                     workdir=tempfile.mkdtemp(dir=self.tmp),
-                    args=["--finish-timeout-s", str(FINISH_BUDGET_S), *extra],
+                    args=["--finish-timeout-s", str(FINISH_BUDGET_S), *(form or []), *extra],
+                    python=python,
                 )
                 for n, (sdk, key, extra) in enumerate(producers)
             ]
@@ -137,7 +151,7 @@ class LoadTest:
             service_peak_mb = service.peak_rss_mb()
         finally:
             service.stop()
-        workload_mb = self.workload_rss_mb(sizes_file)
+        workload_mb = self.workload_rss_mb(sizes_file, python, form)
         # Lost: neither delivered nor kept on disk for a sync, whatever the SDK's own counters say.
         logged = sum(p.report["episodes"] for p in done)
         lost = logged - stats["lines"] - sum(p.report["spooled"] for p in done)
@@ -168,7 +182,7 @@ class LoadTest:
                 "service_rss_at_start_mb_all": rss0_mb,
             }
             rows.append(row)
-            print(_line(row), file=sys.stderr, flush=True)
+            print(line(row), file=sys.stderr, flush=True)
         self.rows += rows
         return rows
 
@@ -214,98 +228,19 @@ class LoadTest:
         sizes = self.sizes("f", [2_200_000] * self.args.f_episodes)
         self.run("f", f"{self.args.f_episodes} x 2.2 MB", sizes, [("ours", "f", [])])
 
+    def v(self) -> None:
+        # verifiers' own Episode objects, as verifiers and prime-rl log them, and the same as dicts.
+        sizes = self.sizes("v", [VERIFIERS_EPISODE_BYTES] * self.args.v_episodes)
+        sdks = ["ours"] + ([] if self.args.skip_published else ["published"])
+        for form in ("objects", "dicts"):
+            for sdk in sdks:
+                python = verifiers_python(sdk)
+                rows = [(sdk, "v", ["--asyncio"])]
+                self.run("v", f"verifiers {form}", sizes, rows, python=python, form=["--verifiers", form])
+
     def ceiling(self) -> dict[str, float]:
         sample = production_sizes(min(self.args.episodes, 200), scale=self.args.scale)
         return measure_ceiling([self.templates.episode(i, size) for i, size in enumerate(sample)])
-
-
-def _line(row: dict[str, Any]) -> str:
-    return (
-        f"{row['scenario']} {row['variant']} [{row['sdk']}]: {row['delivered_all']} delivered of "
-        f"{row['episodes_all']}, dropped {row['dropped']}, failed {row['failed']}, spooled {row['spooled']}, "
-        f"lost {row['lost_all']}; finish {row['finish_s']:.1f} s, exit {row['exit_s']:.2f} s; "
-        f"{row['mb_s']:.1f} MB/s; log max {row['log_max_ms']:.2f} ms; peak RSS {row['peak_rss_mb']:.0f} MB"
-    )
-
-
-def _slowest_call(row: dict[str, Any], ceiling: dict[str, float]) -> str:
-    _ms, gc_ms, waits, preempted = slowest_call(row)
-    return f"{waits} / {preempted} / {gc_ms:.2f}"
-
-
-def _cpu_split(row: dict[str, Any], ceiling: dict[str, float]) -> str:
-    if row["sdk"] != "ours" or "upload_thread_cpu_s" not in row:
-        return "—"  # the roles are this SDK's threads
-    per_mb = 1e3 / (row["json_bytes"] / 1e6)
-    upload, main = row["upload_thread_cpu_s"], row["main_thread_cpu_s"]
-    return f"{upload * per_mb:.2f} / {main * per_mb:.2f} / {(row['cpu_s'] - upload - main) * per_mb:.2f}"
-
-
-def _page_faults(row: dict[str, Any], _ceiling: dict[str, float]) -> str:
-    if "page_faults" not in row:
-        return "—"
-    return f"{row['page_faults'] / 1e3:.0f} / {row['service_page_faults_all'] / 1e3:.0f}"
-
-
-def _service_rss(row: dict[str, Any], _ceiling: dict[str, float]) -> str:
-    if "service_peak_rss_mb_all" not in row:
-        return "—"
-    return f"{row['service_rss_at_start_mb_all']:.0f} / {row['service_peak_rss_mb_all']:.0f}"
-
-
-COLUMNS: list[tuple[str, Any]] = [
-    ("scenario", lambda r, c: r["scenario"]),
-    ("variant", lambda r, c: r["variant"]),
-    ("SDK", lambda r, c: r["sdk"]),
-    ("delivered (service, all producers)", lambda r, c: f"{r['delivered_all']} of {r['episodes_all']}"),
-    ("dropped", lambda r, c: r["dropped"]),
-    ("failed", lambda r, c: r["failed"]),
-    ("spooled", lambda r, c: r["spooled"]),
-    ("lost", lambda r, c: r["lost_all"]),
-    ("MB/s", lambda r, c: f"{r['mb_s']:.1f}"),
-    ("share of ceiling", lambda r, c: f"{r['mb_s'] / c['ceiling_mb_s']:.2f}"),
-    ("`log_episodes()` max / p99 ms", lambda r, c: f"{r['log_max_ms']:.2f} / {r['log_p99_ms']:.2f}"),
-    ("slowest call: waits / preempted / GC ms", _slowest_call),
-    ("longest GC pause ms", lambda r, c: f"{r['gc_max_ms']:.2f}" if "gc_max_ms" in r else "—"),
-    ("lag p99 / max ms", lambda r, c: f"{r['lag_p99_ms']:.1f} / {r['lag_max_ms']:.1f}" if r["lag_samples"] else "—"),
-    ("finish s", lambda r, c: f"{r['finish_s']:.1f}"),
-    ("exit s", lambda r, c: f"{r['exit_s']:.2f}" + (" (killed)" if r["exit_killed"] else "")),
-    ("peak RSS MB", lambda r, c: f"{r['peak_rss_mb']:.0f}"),
-    ("above workload MB", lambda r, c: f"{r['rss_above_workload_mb']:.0f}"),
-    ("client CPU s", lambda r, c: f"{r['cpu_s']:.1f}"),
-    ("client ms/MB: upload thread / main thread / the rest (request threads)", _cpu_split),
-    ("service CPU s", lambda r, c: f"{r['service_cpu_s_all']:.1f}"),
-    ("page faults, thousands: client / service", _page_faults),
-    ("service RSS MB: at start / peak", _service_rss),
-]
-
-
-def _gzip_deflater() -> str:
-    from prime_traces._upload import compress as _compress
-
-    if _compress._isal_zlib is not None:
-        return "ISA-L's level 1 (the `isal` package is installed)"
-    return "zlib's level 1 (`isal` is not installed)"
-
-
-def markdown(rows: list[dict[str, Any]], ceiling: dict[str, float], command: str, scale: float) -> str:
-    head = (
-        f"{_MARK_BEGIN}\n## Load test (`tools/loadtest.py`)\n\n"
-        f"`{command}`, {datetime.date.today()}, {platform.machine()}, Python {platform.python_version()}; "
-        f"episode sizes: the production distribution times {scale}. Ceiling of this machine in the same run: "
-        f"{ceiling['ceiling_mb_s']:.0f} MB/s (client {ceiling['client_s_per_mb'] * 1e3:.2f} ms/MB for orjson, "
-        f"SHA-256 of the JSON and zstd-1; service {ceiling['service_s_per_mb'] * 1e3:.2f} ms/MB for "
-        "decompression, the UTF-8 check, SHA-256 and counting lines; two cores). "
-        f"Forced gzip is {_gzip_deflater()}. "
-        f"Our record encoder costs {ceiling['encoder_s_per_mb'] * 1e3:.2f} ms/MB on one core "
-        f"({ceiling['encoder_s_per_mb'] / ceiling['dumps_s_per_mb']:.2f}x `orjson.dumps`): it holds the GIL, "
-        f"so one process cannot encode faster than {1 / ceiling['encoder_s_per_mb']:.0f} MB/s. One walk of the "
-        f"records that sums their number lists, the least that refuses NaN over orjson, costs "
-        f"{ceiling['walk_s_per_mb'] * 1e3:.2f} ms/MB.\n\n"
-    )
-    table = "| " + " | ".join(name for name, _ in COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
-    table += "".join("| " + " | ".join(str(cell(r, ceiling)) for _, cell in COLUMNS) + " |\n" for r in rows)
-    return head + verdicts(rows, ceiling) + "\n" + table + _MARK_END + "\n"
 
 
 def main() -> None:
@@ -316,6 +251,7 @@ def main() -> None:
     parser.add_argument("--d-episodes", type=int, default=100)
     parser.add_argument("--e-episodes", type=int, default=1000)
     parser.add_argument("--f-episodes", type=int, default=10_000)
+    parser.add_argument("--v-episodes", type=int, default=12)
     parser.add_argument("--skip-published", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="a and c, small, ours only (the test suite's run)")
     parser.add_argument("--json", default=None, help="write every row and the ceiling here")
@@ -338,9 +274,9 @@ def main() -> None:
     if args.markdown:
         path = Path(args.markdown)
         text = path.read_text() if path.exists() else ""
-        if _MARK_BEGIN in text:
-            before, rest = text.split(_MARK_BEGIN, 1)
-            text = before + table + rest.split(_MARK_END, 1)[1].lstrip("\n")
+        if MARK_BEGIN in text:
+            before, rest = text.split(MARK_BEGIN, 1)
+            text = before + table + rest.split(MARK_END, 1)[1].lstrip("\n")
         else:
             text = text.rstrip("\n") + "\n\n" + table
         path.write_text(text)

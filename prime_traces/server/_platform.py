@@ -43,7 +43,7 @@ import orjson
 
 from prime_traces.errors import ErrorCode
 from prime_traces.server._http import HTTPError, Request
-from prime_traces.server._runs import RUN_KINDS, TERMINAL_STATUSES, adopt_traced_run
+from prime_traces.server._runs import RUN_KINDS, TERMINAL_STATUSES, adopt_traced_run, insert_run_row
 
 logger = logging.getLogger(__name__)
 
@@ -193,25 +193,8 @@ def insert_run(
     producer: str,
     platform: dict[str, Any],
 ) -> sqlite3.Row:
-    """A new running run's lifecycle row."""
-    conn.execute(
-        "INSERT INTO runs (run_id, name, kind, config, summary, tags, status, error, "
-        "created_at, finished_at, created_by, platform) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            run_id,
-            name,
-            kind,
-            orjson.dumps(config).decode(),
-            "{}",
-            orjson.dumps(tags).decode(),
-            "running",
-            None,
-            time.time(),
-            None,
-            producer,
-            orjson.dumps(platform).decode(),
-        ),
-    )
+    """A new running run's lifecycle row, with what the platform's routes were told of it."""
+    insert_run_row(conn, run_id, name=name, kind=kind, config=config, tags=tags, producer=producer, platform=platform)
     logger.info("created %s run %r (%s) through the platform routes", kind, run_id, name)
     row = select_run(conn, run_id)
     assert row is not None

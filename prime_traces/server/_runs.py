@@ -245,27 +245,43 @@ def create_run(req: Request) -> Response:
         row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         created = row is None
         if created:
-            conn.execute(
-                "INSERT INTO runs (run_id, name, kind, config, summary, tags, status, error, "
-                "created_at, finished_at, created_by) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    run_id,
-                    name,
-                    kind,
-                    orjson.dumps(config).decode(),
-                    "{}",
-                    orjson.dumps(tags).decode(),
-                    "running",
-                    None,
-                    time.time(),
-                    None,
-                    req.producer,
-                ),
-            )
+            insert_run_row(conn, run_id, name=name, kind=kind, config=config, tags=tags, producer=req.producer)
             row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     if created:
         logger.info("created %s run %r (%s)", kind, run_id, name)
     return json_response(201, {**m.lifecycle_view(row, _url(req, run_id)), "created": created})
+
+
+def insert_run_row(
+    conn: sqlite3.Connection,
+    run_id: str,
+    *,
+    name: str | None,
+    kind: str,
+    config: dict[str, Any],
+    tags: list[str],
+    producer: str,
+    platform: dict[str, Any] | None = None,
+) -> None:
+    """Insert a new running run's lifecycle row; ``platform``: what the platform's routes were told of it."""
+    conn.execute(
+        "INSERT INTO runs (run_id, name, kind, config, summary, tags, status, error, "
+        "created_at, finished_at, created_by, platform) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            run_id,
+            name,
+            kind,
+            orjson.dumps(config).decode(),
+            "{}",
+            orjson.dumps(tags).decode(),
+            "running",
+            None,
+            time.time(),
+            None,
+            producer,
+            None if platform is None else orjson.dumps(platform).decode(),
+        ),
+    )
 
 
 def adopt_traced_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
