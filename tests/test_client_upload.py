@@ -518,9 +518,9 @@ def test_the_client_gives_up_on_a_silent_service_within_its_timeout(service):
         read_s = time.monotonic() - started
     assert isinstance(caught.value.error, APITimeoutError)
     assert caught.value.report.status_of(0) is LineStatus.FAILED
-    assert 0.5 <= upload_s < 0.5 + 0.3, upload_s
+    assert 0.5 <= upload_s < 0.5 + 1.0, upload_s  # the timeout, not the minute; slack for a loaded machine
     assert len(waits) == 2  # three attempts, each ending at the timeout
-    assert 3 * 0.5 <= read_s < 3 * 0.5 + 0.3, read_s
+    assert 3 * 0.5 <= read_s < 3 * 0.5 + 1.0, read_s
 
 
 def test_an_on_batch_that_raises_stops_the_upload_and_is_reported_with_every_line(service):

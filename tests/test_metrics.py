@@ -39,8 +39,9 @@ def rows_of(url: str, run_id: str) -> list[Any]:
 
 
 def test_rows_arrive_long_before_large_episodes_against_a_slow_service(tmp_path):
-    # A training run's rows go one step a request (the platform's route): a step a few ms apart at most.
-    STEPS = 500
+    # A training run's rows go one step a request (the platform's route): a few ms each, 100 steps well under
+    # a second on a loaded machine, against 3-4 s for the episodes.
+    STEPS = 100
     with LocalTracesService(tmp_path / "db", bandwidth_mb_s=16.0) as slow:
         run = online(slow, console="off", max_in_flight=2, kind="train")
         big = base64.b64encode(os.urandom(26_250_000)).decode()  # 35 MB that compression cannot shrink much
