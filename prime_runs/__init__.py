@@ -29,6 +29,7 @@ from prime_runs.errors import (
     ConfigurationError,
     EnvironmentResolutionError,
     PrimeRunsError,
+    RunDirectoryError,
     RunFinishedError,
     SinkError,
 )
@@ -99,4 +100,5 @@ __all__ = [
     "KINDS",
     "MODES",
     "SinkError",
+    "RunDirectoryError",
 ]

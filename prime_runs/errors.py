@@ -14,6 +14,22 @@ class ConfigurationError(PrimeRunsError):
     """
 
 
+class RunDirectoryError(ConfigurationError):
+    """The runs directory cannot be created or written (an offline run, or ``save_local=True``).
+
+    ``root`` is the directory, ``cause`` the ``OSError`` that says why, with
+    its errno and path (``Read-only file system``, ``Not a directory``...).
+    """
+
+    def __init__(self, root: str, cause: OSError) -> None:
+        self.root = root
+        self.cause = cause
+        super().__init__(
+            f"the runs directory {root} cannot be written ({cause}); pass init(dir=...) or set "
+            "PRIME_RUNS_DIR to a writable directory"
+        )
+
+
 class EnvironmentResolutionError(PrimeRunsError):
     """An evaluation's environment could not be resolved to an id through the platform's hub."""
 

@@ -118,6 +118,8 @@ class Run:
         if updates is not None:
             updates.on_failure = self._note_failure
         self._metrics = metrics
+        if metrics is not None:
+            metrics.on_lost = self._forget_rows  # the summary's sparklines show only rows that were kept
         self._on_error = on_error
         self._next_step = 0
         self._first_error: SinkError | None = None
@@ -283,6 +285,10 @@ class Run:
             self._metrics.add(metric_row(row_step, time.time(), values))
         self._changed()
 
+    def _forget_rows(self, rows: list[dict[str, Any]]) -> None:
+        with self._state.lock:
+            self.history.discard({row["step"] for row in rows})
+
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """The published SDK's name for :meth:`log`."""
         self.log(metrics, step=step)
@@ -409,6 +415,7 @@ class Run:
 
     def _finish_from_hook(self, status: str) -> None:
         if not self._finisher.finishing:
+            self._finisher.disk_first = True
             if status == RunStatus.CRASHED:
                 logger.warning("run %s was never finished; reporting it as crashed", self.id)
             error = "process exited without finishing the run" if status == RunStatus.CRASHED else "interrupted"

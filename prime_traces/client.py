@@ -18,7 +18,7 @@ from prime_traces._lines.encoder import encode_record_parts, is_episode
 from prime_traces._lines.parts import LineLike, LineParts
 from prime_traces._upload.batching import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, MAX_BATCH_LINES, iter_file_lines
 from prime_traces._upload.body_buffers import BODY_BUFFERS
-from prime_traces._upload.compress import COMPRESSION_CHOICES, DEFAULT_ZSTD_LEVEL, CodingSelector
+from prime_traces._upload.compress import COMPRESSION_CHOICES, CodingSelector
 from prime_traces._upload.sender import DEFAULT_MAX_REFUSED_S, Sender, UploadSettings
 from prime_traces._upload.uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Upload
 from prime_traces._upload.window import InFlightWindow
@@ -50,6 +50,8 @@ __all__ = [
 DEFAULT_MAX_IN_FLIGHT = 8
 #: The most uploads in flight the service allows per credential (contract §9).
 MAX_IN_FLIGHT_LIMIT = 8
+#: The highest zstd level a client may pin (zstd's own limit without ultra mode).
+MAX_ZSTD_LEVEL = 19
 #: How long :meth:`TracesClient.ping` waits for the whole answer by default.
 DEFAULT_PING_TIMEOUT_S = 10.0
 
@@ -68,6 +70,9 @@ class TracesClient(ReadAPI, RunsAPI):
     that never hold up interpreter exit; receipts come back in batch order.
     Thread-safe: several threads may upload at once and share the in-flight
     limit. After ``fork`` the child builds its own sessions and threads.
+    Bodies are zstd-compressed when the service takes it (``compression="auto"``),
+    at a level that adapts to the link: 1 on a fast one, up to 9 while the
+    wire is the limit (``prime_traces._upload.levels``); ``zstd_level=N`` pins it.
     Runs are created, updated and finished with :meth:`create_run`,
     :meth:`update_run` and :meth:`post_metrics` (see ``RunsAPI``).
 
@@ -87,7 +92,7 @@ class TracesClient(ReadAPI, RunsAPI):
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         compression: str = "auto",
         timeout_s: float = READ_TIMEOUT_S,
-        zstd_level: int = DEFAULT_ZSTD_LEVEL,
+        zstd_level: int | None = None,
         abandon_after_s: float = DEFAULT_ABANDON_AFTER_S,
         config_path: str | os.PathLike[str] | None = None,
         _sleep: Any = None,
@@ -99,6 +104,8 @@ class TracesClient(ReadAPI, RunsAPI):
             )
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be greater than 0, not {timeout_s}")
+        if zstd_level is not None and not 1 <= zstd_level <= MAX_ZSTD_LEVEL:
+            raise ValueError(f"zstd_level must be between 1 and {MAX_ZSTD_LEVEL}, or None to adapt, not {zstd_level}")
         config = resolve_config(api_key, base_url, team_id, config_path=config_path)
         transport = Transport(config, timeout_s=timeout_s)
         super().__init__(transport)
@@ -130,6 +137,8 @@ class TracesClient(ReadAPI, RunsAPI):
         max_refused_s: float | None = DEFAULT_MAX_REFUSED_S,
         on_batch: OnBatch | None = None,
         cancel: threading.Event | None = None,
+        stop: threading.Event | None = None,
+        learn_coding: bool = True,
     ) -> list[UploadReceipt]:
         """Upload JSONL lines; return the receipts in batch order.
 
@@ -145,11 +154,27 @@ class TracesClient(ReadAPI, RunsAPI):
         jitter) for up to ``max_refused_s`` in a row (``None``: until
         ``cancel`` is set).
 
+        With ``compression="auto"``, until the client knows which codings the
+        service takes, the first batch is cut at 1 MiB and sent alone, in
+        gzip, to learn them; ``learn_coding=False`` cuts every batch at
+        ``target_batch_bytes`` instead, so that the batches (and their keys)
+        depend on the lines alone: what an upload resumed by another client
+        must do to replay the batches of the first.
+
+        ``stop``: once it is set, no further batch is sent, and the batches in
+        flight get ``abandon_after_s`` to commit, then are abandoned (their
+        outcome ``ABANDONED`` with the key they were sent under, so a resend of
+        the same bytes replays); unlike ``cancel``, nothing else is cut short
+        and no failure is implied. The upload then raises ``UploadError``
+        whose report has ``stopped`` set and says from which line nothing was
+        sent. The caller keeps those lines (on disk, say) instead of waiting
+        for a slow network.
+
         Raises:
             TraceTooLargeError, TypeError: a line cannot be sent, found before
                 any request went out.
             UploadError: once requests have gone out, any failure or a set
-                ``cancel``; its ``report`` says what became of every line.
+                ``cancel`` or ``stop``; its ``report`` says what became of every line.
         """
         if isinstance(lines, (str, bytes, bytearray)):
             raise TypeError("lines must be an iterable of lines, not a single str or bytes")
@@ -157,7 +182,9 @@ class TracesClient(ReadAPI, RunsAPI):
             raise RuntimeError("this TracesClient is closed")
         if isinstance(line_format, LineFormat):
             line_format = line_format.value
-        settings = UploadSettings(line_format, context, schema_version, target_batch_bytes, max_attempts, max_refused_s)
+        settings = UploadSettings(
+            line_format, context, schema_version, target_batch_bytes, max_attempts, max_refused_s, learn_coding
+        )
         settings.validate()
         upload = Upload(
             self._pool,
@@ -167,6 +194,7 @@ class TracesClient(ReadAPI, RunsAPI):
             on_batch=on_batch,
             cancel=cancel,
             abandon_after_s=self.abandon_after_s,
+            stop=stop,
         )
         return upload.run(lines)
 
@@ -218,8 +246,13 @@ class TracesClient(ReadAPI, RunsAPI):
         return True
 
     def upload_stats(self) -> dict[str, Any]:
-        """The in-flight window now: its limit, requests in flight, refusals and decreases so far."""
-        return self._window.snapshot()
+        """The in-flight window now (its limit, requests in flight, refusals, decreases) and the zstd level."""
+        stats = self._window.snapshot()
+        if self._sender.zstd_level is None:
+            stats.update(self._sender.levels.snapshot())
+        else:
+            stats["zstd_level"] = self._sender.zstd_level
+        return stats
 
     def close(self) -> None:
         """Release sessions and threads. Requests still running are abandoned."""

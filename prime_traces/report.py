@@ -91,11 +91,14 @@ class UploadReport:
 
     ``unsent_from_line`` is the input index from which no line was batched
     (``None`` when the input was consumed to its end); lines from there on
-    are ``UNSENT``.
+    are ``UNSENT``. ``stopped``: the caller asked the upload to stop sending
+    (see ``TracesClient.upload_lines``), and every batch sent before finished.
     """
 
     batches: list[BatchOutcome] = field(default_factory=list)
     unsent_from_line: int | None = None
+    #: The upload stopped sending because its caller asked (``stop``), not because anything failed.
+    stopped: bool = False
 
     def status_of(self, line_index: int) -> LineStatus:
         """The status of the input line at ``line_index`` (0-based)."""

@@ -103,6 +103,16 @@ def online(svc: LocalTracesService, name: str = "test-run", **options: Any) -> R
     return prime_runs.init(name, api_key=KEY, base_url=svc.url, **options)
 
 
+def no_disk(tmp_path: Path) -> Path:
+    """A runs directory that cannot be created (a file is in the way): the run keeps nothing on disk.
+
+    With no disk to put a backlog on, a full queue drops: the queue's bounds alone are under test.
+    """
+    blocker = tmp_path / "no-disk"
+    blocker.write_bytes(b"")
+    return blocker / "runs"
+
+
 def synced_id(run_dir: str | Path, svc: LocalTracesService) -> str:
     """The id on ``svc`` of a run directory that ``prime-runs sync`` uploaded there (``sync.json`` keeps it)."""
     state = orjson.loads((Path(run_dir) / "sync.json").read_bytes())

@@ -374,6 +374,41 @@ def test_cancel_stops_new_requests_and_reports_what_committed(tmp_path):
     assert elapsed < 5
 
 
+def test_stop_sends_no_new_batch_abandons_the_one_in_flight_with_its_key_and_fails_nothing(tmp_path):
+    stop = threading.Event()
+    lines = lines_of(10, pad=900)
+    batches = list(iter_batches(lines, target_batch_bytes=2_000))
+    released = threading.Event()
+
+    def on_upload(key: str) -> None:
+        if key == batches[1].key:
+            stop.set()  # the uploads fell behind while this batch was on the wire
+            released.wait(10)
+
+    with LocalTracesService(tmp_path / "db", on_upload=on_upload) as svc:
+        with client_for(svc, max_in_flight=1, abandon_after_s=0.2, compression="none") as client:
+            with pytest.raises(UploadError, match="stopped at the caller's request") as caught:
+                client.upload_lines(lines, target_batch_bytes=2_000, stop=stop, learn_coding=False)
+            released.set()
+            report = caught.value.report
+            assert report.stopped
+            assert [b.status for b in report.batches] == [BatchStatus.COMMITTED, BatchStatus.ABANDONED]
+            assert report.batches[1].key == batches[1].key  # sent again as these bytes, it replays
+            assert [report.status_of(i) for i in range(3)] == [
+                LineStatus.COMMITTED,
+                LineStatus.ABANDONED,
+                LineStatus.UNSENT,
+            ]
+            assert report.unsent_from_line == batches[2].line_indexes[0]
+            stop.clear()
+            rest = lines[batches[1].line_indexes[0] :]
+            resumed = client.upload_lines(rest, target_batch_bytes=2_000, learn_coding=False)
+        assert len(resumed) == len(batches) - 1
+        with svc.state.store.reader() as conn:
+            rows = conn.execute("SELECT trace_id, COUNT(*) FROM traces GROUP BY trace_id").fetchall()
+        assert dict(rows) == {orjson.loads(line)["id"]: 1 for line in lines}  # the abandoned batch stored once
+
+
 def test_bad_records_get_clear_errors_naming_the_record(service):
     class BadToRecord:
         def to_record(self):

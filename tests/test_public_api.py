@@ -66,6 +66,7 @@ PRIME_RUNS_API = [
     "CONFIG_SOURCE_KEY",
     "ConfigSource",
     "ConfigurationError",
+    "RunDirectoryError",
     "EnvironmentRef",
     "EnvironmentResolutionError",
     "ForbiddenError",

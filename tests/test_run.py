@@ -37,6 +37,7 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     isolated,
     list_runs,
     local_records,
+    no_disk,
     online,
     sink_counts,
     stored_episodes,
@@ -163,9 +164,9 @@ def test_disabled_is_a_no_op_with_the_same_shape(isolated):
 # -- never blocks, bounded by records and bytes ------------------------------------
 
 
-def test_log_episodes_never_blocks_and_counts_every_drop(service, gate):
+def test_log_episodes_never_blocks_and_counts_every_drop(service, gate, tmp_path):
     records = episodes("e", 10_000)
-    run = online(service, max_queued_records=20)
+    run = online(service, max_queued_records=20, dir=no_disk(tmp_path))
     assert run.log_episodes(records[:1])
     assert gate.entered.wait(GATE_TIMEOUT_S)  # the worker holds one write in the service; the queue is empty
     slowest = 0.0
@@ -236,8 +237,8 @@ def test_a_small_write_is_flushed_promptly(service):
     assert_buckets(run, submitted=10, stored=10)
 
 
-def test_a_write_larger_than_the_bound_fits_an_empty_queue_only(service, gate):
-    run = online(service, max_queued_records=10)
+def test_a_write_larger_than_the_bound_fits_an_empty_queue_only(service, gate, tmp_path):
+    run = online(service, max_queued_records=10, dir=no_disk(tmp_path))
     gate.open()
     assert run.log_episodes(episodes("warm", 1)) and run.flush(FLUSH_TIMEOUT_S)  # codings known, window of two
     gate.close()
@@ -261,14 +262,20 @@ def fixed_trace(trace_id: str) -> dict[str, Any]:
     return doc
 
 
-def test_the_queue_refuses_by_bytes_before_records(service, gate):
+def test_the_queue_refuses_by_bytes_before_records(service, gate, tmp_path):
     run_id = "run-bytes-0001"
     stamped = fixed_trace("t-000")
     stamped["run"] = {**stamped["run"], "id": run_id}  # the trace's own type is kept
     line_bytes = len(orjson.dumps(stamped)) + 1
     # Ten records fit by bytes, while the record bound (1000) is far away.
     gate.open()
-    run = online(service, id=run_id, max_queued_records=1_000, max_queued_bytes=10 * line_bytes + line_bytes // 2)
+    run = online(
+        service,
+        id=run_id,
+        max_queued_records=1_000,
+        max_queued_bytes=10 * line_bytes + line_bytes // 2,
+        dir=no_disk(tmp_path),
+    )
     assert run.log_traces([fixed_trace("t-000")])
     assert run.flush(FLUSH_TIMEOUT_S)  # the size meter has seen a record now
     assert run._worker.meter.mean_bytes == run._worker.meter.estimate_bytes == line_bytes

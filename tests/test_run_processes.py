@@ -208,7 +208,20 @@ run.log(Metrics(), step=1)
     _out, err = finish_process(proc)
     assert proc.returncode == -signal.SIGTERM, err
     assert get(service, f"runs/{run_id}")["status"] == "crashed", err
-    assert sorted(stored_episodes(service)) == ["e0", "e1", "e2"]
+    # On SIGTERM what is not stored goes to disk first; with no thread to upload it from there, it waits for
+    # a sync, and the console says so. Either way a sync makes the run whole, each episode once.
+    run_dir = tmp_path / "prime-runs" / run_id
+    if sorted(stored_episodes(service)) != ["e0", "e1", "e2"]:
+        assert f"prime-runs sync {run_dir}" in err, err
+    sync = subprocess.run(
+        [sys.executable, "-m", "prime_runs.cli", "sync", str(run_dir), "--base-url", service.url],
+        env=script_env(service, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_TIMEOUT_S,
+    )
+    assert sync.returncode == 0, sync.stderr
+    assert stored_episodes(service) == {"e0": 1, "e1": 1, "e2": 1}, err
 
 
 RANK0 = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -121,7 +122,7 @@ def test_a_failed_write_is_cut_back_and_its_file_never_written_again(tmp_path, m
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError) as raised:
         writer.append([Frame(lines("lost", 3)), Frame(lines("lost2", 3))])
-    assert raised.value.durable_frames == 0
+    assert raised.value.durable_lines == 0
     monkeypatch.undo()
     assert os.path.getsize(path) == size
     # A live sync may have counted the lines that were cut: the next write starts a new file.
@@ -130,7 +131,7 @@ def test_a_failed_write_is_cut_back_and_its_file_never_written_again(tmp_path, m
     assert read_all(path) == lines("ok", 2) and read_all(writer.path) == lines("later", 1)
 
 
-def test_a_write_that_fails_after_a_rollover_says_which_frames_are_durable(tmp_path, monkeypatch):
+def test_a_write_that_fails_after_a_rollover_keeps_and_says_which_lines_are_durable(tmp_path, monkeypatch):
     writer = SegmentWriter(str(tmp_path), "episode", max_segment_bytes=3_000)
     writer.append([Frame(lines("a", 5, size=200))])
     real_writev, calls = os.writev, []
@@ -138,14 +139,14 @@ def test_a_write_that_fails_after_a_rollover_says_which_frames_are_durable(tmp_p
     def fail_in_the_second_file(fd: int, buffers: Any) -> int:
         calls.append(fd)
         if len(calls) == 4:  # the fourth entry: the second file by then
-            raise OSError(28, "No space left on device")
+            raise OSError(errno.EIO, "Input/output error")
         return real_writev(fd, buffers)
 
     monkeypatch.setattr(os, "writev", fail_in_the_second_file)
     with pytest.raises(OSError) as raised:
         writer.append([Frame(lines(f"b{i}-", 5, size=200)) for i in range(6)])
     monkeypatch.undo()
-    durable = raised.value.durable_frames
+    durable = raised.value.durable_lines // 5
     files = segment_files(str(tmp_path), ["episode"])
     on_disk = [line for f in files for line in read_all(f)]
     expected = lines("a", 5, size=200) + [x for i in range(durable) for x in lines(f"b{i}-", 5, size=200)]
@@ -258,4 +259,4 @@ def test_a_rollover_whose_next_file_cannot_be_created_still_says_what_is_durable
     with pytest.raises(OSError) as raised:
         writer.append([Frame(lines(f"f{i}-", 5, size=600)) for i in range(4)])
     on_disk = [line for f in segment_files(str(tmp_path), ["episode"]) for line in read_all(f)]
-    assert raised.value.durable_frames > 0 and len(on_disk) == raised.value.durable_frames * 5
+    assert raised.value.durable_lines > 0 and len(on_disk) == raised.value.durable_lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -69,6 +70,26 @@ def test_bandwidth_cap_slows_the_body(tmp_path):
         resp, elapsed = timed(post_upload, svc.url, body, coding="none")
         assert resp.status_code == 201, resp.text
         assert elapsed >= len(body) / 10e6
+
+
+def test_a_link_cap_is_shared_by_uploads_at_once(tmp_path):
+    # Per-request bandwidth lets two uploads go twice as fast as one; a link does not: 4 MB at 8 MB/s
+    # takes 0.5 s however the bytes are split between requests.
+    bodies = [jsonl([trace(f"t-{n}-{i}", pad="x" * 10_000) for i in range(200)]) for n in range(3)]
+    body = bodies[2]
+    with LocalTracesService(tmp_path / "t.db", link_mb_s=8) as svc:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            started = time.monotonic()
+            answers = list(pool.map(lambda b: post_upload(svc.url, b, coding="none"), bodies[:2]))
+            elapsed = time.monotonic() - started
+        assert [resp.status_code for resp in answers] == [201, 201]
+        assert elapsed >= 2 * len(body) / 8e6
+        svc.faults.link_mb_s = None  # lifted while running
+        resp, elapsed = timed(post_upload, svc.url, body, coding="none")
+        assert resp.status_code == 201
+        assert elapsed < len(body) / 8e6
+    with pytest.raises(ValueError, match="link_mb_s must be greater than 0"):
+        LocalTracesService(tmp_path / "u.db", link_mb_s=0)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prime_runs._records.reasons import BACKLOG
 from prime_traces.threads import call_in_forked_child, start_daemon
 
 CONSOLE_LOGGER = "prime_runs.console"
@@ -41,6 +42,12 @@ CLOSE_WAIT_S = 1.0
 logger = logging.getLogger(CONSOLE_LOGGER)
 
 _VERBS = {"failed": "not stored", "dropped": "dropped", "spooled": "kept on disk for a later upload"}
+
+
+def _verb(kind: str, reason: str) -> str:
+    if kind == "spooled" and reason == BACKLOG:
+        return "waited on disk for the link (the run uploads them from there)"
+    return _VERBS.get(kind, kind)
 
 
 class ConsoleHandler(logging.StreamHandler):
@@ -200,6 +207,13 @@ class Console:
     def _first_line(self, kind: str, reason: str, records: int, detail: str | None) -> str:
         if kind == "dropped" and detail:
             return f"{detail} ({reason})"
+        if kind == "spooled" and reason == BACKLOG:
+            where = f" in {self.directory}" if self.directory else ""
+            return (
+                f"uploads are slower than the run logs: records wait on disk{where} and are uploaded from "
+                "there, oldest first, as the link allows (none is dropped; what is left at the end is "
+                "uploaded by `prime-runs sync`)"
+            )
         if kind == "spooled":
             where = f" in {self.directory}" if self.directory else ""
             return (
@@ -208,7 +222,7 @@ class Console:
             )
         if detail:
             return f"not stored, {reason}: {detail}"
-        return f"{records} records {_VERBS.get(kind, kind)} ({reason})"
+        return f"{records} records {_verb(kind, reason)} ({reason})"
 
     def _ensure_thread(self) -> None:
         # Under self._lock.
@@ -243,7 +257,7 @@ class Console:
             for (kind, reason), tally in self._tallies.items():
                 if tally.total > tally.shown and now - tally.shown_at >= self.repeat_interval_s:
                     lines.append(
-                        f"{tally.total - tally.shown} more records {_VERBS.get(kind, kind)} ({reason}) "
+                        f"{tally.total - tally.shown} more records {_verb(kind, reason)} ({reason}) "
                         f"in the last {now - tally.shown_at:.0f} s; {tally.total} in all"
                     )
                     tally.shown, tally.shown_at = tally.total, now

@@ -130,11 +130,18 @@ def summary_lines(
         lines.append(f"  upload the run with: prime-runs sync {where}")
     elif (spooled or not_sent.get("spooled")) and where:
         if spooled:
-            lines.append(f"  {spooled} not delivered ({_reasons(kept)}) are kept in {where}")
+            why = _reasons(kept)
+            since = sum(kept.values()) - spooled
+            if since > 0:  # the run uploaded some from disk itself; the reasons count every record put there
+                why += f", {since} of them uploaded since"
+            lines.append(f"  {spooled} not delivered ({why}) are kept in {where}")
         lines.append(f"  upload them with: prime-runs sync {where}")
     resynced = sum(int(c.get("resynced", 0)) for c in sinks.values())
     if resynced:
-        lines.append(f"  {resynced} records kept on disk during an outage were uploaded once the service was back")
+        lines.append(
+            f"  {resynced} records waited on disk (the uploads fell behind, or the service was down) "
+            "and were uploaded from there"
+        )
     return lines
 
 

@@ -107,6 +107,8 @@ class Finisher:
         self.finished = threading.Event()
         #: A second Ctrl-C: stop waiting for the service.
         self.stop_requested = False
+        #: Finishing on a signal or at exit: what is not stored goes to disk before anything else.
+        self.disk_first = False
         self._lock = threading.Lock()
         self._status_answered: threading.Event | None = None
         self.hooks = ShutdownHooks(
@@ -205,6 +207,9 @@ class Finisher:
     def _finish_run(self, status: RunStatus, error: str | None, deadline: float, timeout: float) -> None:
         reserve = min(_STATUS_RESERVE_MAX_S, timeout * _STATUS_RESERVE_FRACTION)
         self.console.finishing = True
+        if self.disk_first and self.worker is not None:
+            # A SIGTERM's grace period may end any moment: durable first, uploaded from disk after.
+            self.worker.spill_first()
         metrics = self.metrics
         if metrics is not None:
             metrics.finish_by(deadline - reserve)  # its rows go out beside the records' drain

@@ -84,6 +84,8 @@ class MetricsLane:
         self.max_queued_rows = max_queued_rows
         self.name = name
         self.on_closed = on_closed
+        #: Told the rows that will never be kept (dropped, or refused by the service, or the disk failed).
+        self.on_lost: Callable[[list[dict[str, Any]]], Any] | None = None
         self._setup()
         call_in_forked_child(self._setup)
 
@@ -105,12 +107,16 @@ class MetricsLane:
         """Queue one row; False when it was dropped (the lane is full or closed)."""
         with self._lock:
             self.counts["logged"] += 1
-            if self._closed or len(self._rows) >= self.max_queued_rows:
+            dropped = self._closed or len(self._rows) >= self.max_queued_rows
+            if dropped:
                 self.counts["dropped"] += 1
-                return False
-            self._rows.append(row)
-            self._ensure_thread()
-            full = len(self._rows) >= self.batch_rows
+            else:
+                self._rows.append(row)
+                self._ensure_thread()
+                full = len(self._rows) >= self.batch_rows
+        if dropped:
+            self._lost([row])  # the row just logged: the history's last point, forgotten in O(1)
+            return False
         if full:
             self._wake.set()
         return True
@@ -147,6 +153,15 @@ class MetricsLane:
             else:
                 self.counts[outcome] += len(batch)
             self._changed.notify_all()
+        if outcome == "failed":
+            self._lost(batch)
+
+    def _lost(self, rows: list[dict[str, Any]]) -> None:
+        if self.on_lost is not None:
+            try:
+                self.on_lost(rows)
+            except Exception:  # the sparklines matter less than the lane
+                logger.warning("could not forget %d rows that were not kept", len(rows), exc_info=True)
 
     def _run(self) -> None:
         backoff = 0.0

@@ -130,6 +130,23 @@ class History:
                 del steps[1::2], kept[1::2]
                 self._strides[name] *= 2
 
+    def discard(self, steps: set[int]) -> None:
+        """Forget the points of ``steps`` (rows that were not kept): no sparkline shows them."""
+        for name in list(self.points):
+            kept_steps, kept = self.points[name]
+            if len(steps) == 1 and kept_steps and kept_steps[-1] in steps and kept_steps[-2:-1] != kept_steps[-1:]:
+                kept_steps.pop()  # the common case, a row dropped as it was logged
+                kept.pop()
+            elif steps.intersection(kept_steps):
+                keep = [i for i, step in enumerate(kept_steps) if step not in steps]
+                self.points[name] = ([kept_steps[i] for i in keep], [kept[i] for i in keep])
+            if self._latest[name][0] in steps:
+                remaining_steps, remaining = self.points[name]
+                if remaining_steps:
+                    self._latest[name] = (remaining_steps[-1], remaining[-1])
+                else:
+                    del self.points[name], self._latest[name]
+
     def series(self, name: str) -> tuple[list[int], list[Any]]:
         """The kept points of ``name``, ending with its latest value (kept or not)."""
         steps, values = (list(x) for x in self.points[name])

@@ -71,6 +71,17 @@ def host_label() -> str:
     return _HOST_UNSAFE.sub("_", socket.gethostname() or "host")[:64] or "host"
 
 
+@dataclass
+class Durable:
+    """Lines (and their uncompressed bytes) an ``append`` wrote, and as of its last fsync."""
+
+    lines: int = 0
+    bytes: int = 0
+    fsynced: tuple[int, int] = (0, 0)
+    #: The file this append last wrote to, and its size before.
+    start: tuple[str | None, int] | None = None
+
+
 @dataclass(frozen=True)
 class SegmentName:
     """``<kind>-<host>-<pid>-<seq>.jsonl.zst``."""
@@ -150,7 +161,7 @@ class SegmentWriter:
         self._size = 0
         self._next_seq = 1
         self._close_requested = False
-        self._opened = 0  # files opened so far: tells whether an append moved to a new file
+        self._failed_path: str | None = None
         #: Every file this writer created (in this process), in order.
         self.created: list[str] = []
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, write_content_size=True)
@@ -163,48 +174,96 @@ class SegmentWriter:
     def append(self, frames: Iterable[Frame]) -> int:
         """Write ``frames`` and fsync; returns the bytes written.
 
-        Raises ``OSError`` with ``durable_frames``: how many of the frames were
-        already fsynced into an earlier file (a rollover); the rest was cut off
-        again, and the file is never appended to again.
+        A disk that fills up keeps what fits: a frame that does not fit is
+        written again in halves (a ``batch`` frame only whole), down to single
+        lines. Raises ``OSError`` naming the file, with ``durable_lines`` and
+        ``durable_bytes`` (uncompressed, newlines included): how many of the
+        lines, in order, are fsynced. The entry being written when it failed
+        is cut off again, a file left empty is removed, and the file is never
+        appended to again.
         """
-        written = frames_done = durable = 0
+        written = 0
+        done = Durable()
         with self._lock:
-            start: tuple[int, int] | None = None
             try:
                 for frame in frames:
-                    if not frame.lines:
-                        continue
-                    entry = encode_entry(self._compressor, frame)
-                    size = len(entry[0]) + len(entry[1])
-                    if self._fd is not None and self._size and self._size + size > self.max_segment_bytes:
-                        os.fsync(self._fd)  # rolling over: every frame before this one is on disk
-                        durable = frames_done
-                        self._close_file()
-                    if self._fd is None:
-                        self._open_next()
-                    assert self._fd is not None
-                    fd = self._fd
-                    if start is None or start[0] != self._opened:
-                        start = (self._opened, self._size)
-                    _write_all(fd, entry)
-                    self._size += len(entry[0]) + len(entry[1])
-                    written += len(entry[0]) + len(entry[1])
-                    frames_done += 1
+                    written += self._append_frame(frame, done)
                 if written and self._fd is not None:
                     os.fsync(self._fd)
             except BaseException as err:
-                if start is not None and start[0] == self._opened and self._fd is not None:
-                    self._cut_back(start[1])  # the file ends on a whole entry
-                # Never appended to again: a live sync may have counted the lines cut off.
-                self._close_file()
+                durable = self._after_failure(done)
+                if isinstance(err, OSError) and err.filename is None:
+                    err.filename = self._failed_path or self.directory
                 with contextlib.suppress(AttributeError):
-                    err.durable_frames = durable  # type: ignore[attr-defined]
+                    err.durable_lines = durable.lines  # type: ignore[attr-defined]
+                    err.durable_bytes = durable.bytes  # type: ignore[attr-defined]
                 raise
             finally:
                 if self._close_requested:
                     self._close_requested = False
                     self._close_file()
         return written
+
+    def _append_frame(self, frame: Frame, done: Durable) -> int:
+        if not frame.lines:
+            return 0
+        entry = encode_entry(self._compressor, frame)
+        size = len(entry[0]) + len(entry[1])
+        if self._fd is not None and self._size and self._size + size > self.max_segment_bytes:
+            os.fsync(self._fd)  # rolling over: every frame before this one is on disk
+            done.fsynced = (done.lines, done.bytes)
+            self._close_file()
+        if self._fd is None:
+            self._open_next()
+        assert self._fd is not None
+        if done.start is None or done.start[0] != self._path:
+            done.start = (self._path, self._size)
+        try:
+            _write_all(self._fd, entry)
+        except OSError as err:
+            if err.errno != errno.ENOSPC or frame.batch or len(frame.lines) < 2:
+                raise
+            self._cut_back(self._size)  # the partial entry off; the two halves may fit where the whole did not
+            if self._fd is None:
+                raise
+            half = len(frame.lines) // 2
+            return self._append_frame(Frame(frame.lines[:half]), done) + self._append_frame(
+                Frame(frame.lines[half:]), done
+            )
+        self._size += size
+        done.lines += len(frame.lines)
+        done.bytes += frame_bytes(frame)
+        return size
+
+    def _after_failure(self, done: Durable) -> Durable:
+        """Keep the whole entries written before the failure if they can be fsynced; what is durable."""
+        self._failed_path = self._path
+        kept = Durable(*done.fsynced, fsynced=done.fsynced)
+        if self._fd is not None:
+            try:
+                self._cut_back(self._size)  # the file ends on a whole entry
+                if self._fd is not None:
+                    os.fsync(self._fd)
+                    kept = Durable(done.lines, done.bytes, fsynced=done.fsynced)
+            except OSError as err:
+                logger.warning("could not make what was written to %s durable: %s", self._path, err)
+                if self._fd is not None and done.start is not None and done.start[0] == self._path:
+                    self._cut_back(done.start[1])  # not durable: not kept either
+        path, empty = self._path, self._fd is not None and self._size == 0
+        # Never appended to again: a live sync may have counted the lines cut off.
+        self._close_file()
+        if empty and path is not None:
+            self._remove_empty(path)
+        return kept
+
+    def _remove_empty(self, path: str) -> None:
+        # A file with no entry would only make ``zstdcat`` fail.
+        try:
+            os.unlink(path)
+            self.created.remove(path)
+            fsync_directory(self.directory)
+        except (OSError, ValueError) as err:
+            logger.warning("could not remove the empty file %s: %s", path, err)
 
     def _cut_back(self, size: int) -> None:
         assert self._fd is not None
@@ -232,9 +291,10 @@ class SegmentWriter:
             fsync_directory(self.directory)  # the new name must survive a crash too
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # never an empty file left behind
             raise
         self._fd, self._path, self._size = fd, path, 0
-        self._opened += 1
         self.created.append(path)
 
     def _close_file(self) -> None:
@@ -271,6 +331,13 @@ def encode_entry(compressor: zstandard.ZstdCompressor, frame: Frame) -> tuple[by
         meta["batch"] = True
     payload = orjson.dumps(meta)
     return FRAME_HEADER.pack(META_MAGIC, len(payload)) + payload, data
+
+
+def frame_bytes(frame: Frame) -> int:
+    """The uncompressed bytes of ``frame``'s lines, a newline after each."""
+    return sum(len(line) if isinstance(line, (bytes, bytearray)) else line.size for line in frame.lines) + len(
+        frame.lines
+    )
 
 
 def frames_of(lines: Iterable[bytes | LineParts], max_frame_bytes: int = MAX_FRAME_BYTES) -> Iterator[Frame]:

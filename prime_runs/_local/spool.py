@@ -143,10 +143,10 @@ class Spool:
                     frames = frames_of(_until(encoded, deadline))
                 self.files.writer(line_format).append(_noting(frames, written))
             except OSError as err:
-                # Only entries fsynced before a rollover stay; the rest was cut off again.
-                kept = sum(written[: getattr(err, "durable_frames", 0)])
+                # What fitted is kept (the writer says how many lines are durable); the rest fails, errno and path told.
+                kept = getattr(err, "durable_lines", 0)
                 ledger.spooled([group.indexes[encoded.line_records[j]] for j in range(kept)], group.reason)
-                ledger.failed(group.indexes, reasons.DISK_ERROR)
+                ledger.failed(group.indexes, reasons.DISK_ERROR, str(err))
                 logger.warning("could not spool %d records to %s: %s", len(group.indexes) - kept, self.directory, err)
                 spooled += kept
                 continue

@@ -45,7 +45,11 @@ OnProgress = Callable[[int, int], Any]
 
 
 class SyncStopped(Exception):
-    """The run cannot go on now: the service is down, or refuses the uploads."""
+    """The run cannot go on now: the service is down (``transient``), or refuses the uploads."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 Span = tuple[int, int]  # lines [start, end)
@@ -169,6 +173,7 @@ class FileSync:
         rejected: SegmentWriter,
         on_progress: OnProgress | None = None,
         restamp: Callable[[bytes, str], bytes] | None = None,
+        on_file_progress: Callable[[str, int, int], Any] | None = None,
     ) -> None:
         name = SegmentName.parse(os.path.basename(path))
         assert name is not None
@@ -181,6 +186,8 @@ class FileSync:
         self.save = save
         self.rejected_writer = rejected
         self.on_progress = on_progress
+        #: Told ``(line_format, records, bytes)`` as each batch of this file commits.
+        self.on_file_progress = on_file_progress
         #: Gives a line the run's id on the service, when it was written under another (an offline run's).
         self.restamp = restamp
         self.outcome = FileOutcome()
@@ -278,6 +285,8 @@ class FileSync:
             self.save()
             if self.on_progress is not None:
                 self.on_progress(batch.line_count, batch.size_bytes)
+            if self.on_file_progress is not None:
+                self.on_file_progress(self.line_format, batch.line_count, batch.size_bytes)
 
         try:
             self.client.upload_lines(
@@ -286,6 +295,8 @@ class FileSync:
                 context=self.context,
                 target_batch_bytes=target,
                 on_batch=on_batch,
+                # Cut where every earlier sync of this file cut, whatever this client knows: each batch replays.
+                learn_coding=False,
             )
         except TraceTooLargeError as err:
             self._keep_rejected(numbers[err.line_index], reasons.rejected("trace_too_large"), str(err))
@@ -305,7 +316,7 @@ class FileSync:
             raise SyncStopped(f"{self.path}: {err}")
         fault = fault_of(failed)
         if fault == TRANSIENT:
-            raise SyncStopped(f"could not upload {self.path}: {failed.error}")
+            raise SyncStopped(f"could not upload {self.path}: {failed.error}", transient=True)
         if fault != RECORD:
             raise SyncStopped(f"the service refused {self.path}: {outcome_text(failed)}")
         batch = [numbers[j] for j in failed.line_indexes]

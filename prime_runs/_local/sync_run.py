@@ -19,7 +19,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from prime_runs.errors import PrimeRunsError
 from prime_runs.models import RunStatus
 from prime_traces import TracesClient
 from prime_traces.client import RUN_KINDS, TERMINAL_STATUSES
-from prime_traces.errors import PrimeTracesError
+from prime_traces.errors import PrimeTracesError, RetryableAPIError, TransportError
 from prime_traces.platform import PlatformClient
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ class SyncReport:
     torn: list[Scan] = field(default_factory=list)
     status: str | None = None
     errors: list[str] = field(default_factory=list)
+    #: The sync stopped because the service failed (it may answer later), not because it refused.
+    transient: bool = False
     #: Metrics history rows sent by this sync (all of a file's rows are sent again until it is done: a replay
     #: changes nothing on the service).
     metric_rows: int = 0
@@ -84,6 +86,7 @@ def sync_run(
     on_start: Any = None,
     on_progress: OnProgress | None = None,
     only: Collection[str] | None = None,
+    on_file_progress: Callable[[str, int, int], Any] | None = None,
 ) -> SyncReport:
     """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent.
 
@@ -91,11 +94,12 @@ def sync_run(
     records of a run that exists there already are uploaded). ``only``: upload
     just the record files of these names, and leave the run's lifecycle alone
     (a live run resyncing what it spooled itself: its own updates are newer
-    than its ``run.json``).
+    than its ``run.json``). ``on_file_progress(line_format, records, bytes)``
+    is told what each batch stored, with the kind of its file.
     """
     rundir.lock_for_sync()
     try:
-        return _RunSync(rundir, client, platform).run(on_start, on_progress, only)
+        return _RunSync(rundir, client, platform, on_file_progress).run(on_start, on_progress, only)
     finally:
         rundir.unlock_sync()
 
@@ -122,8 +126,15 @@ def run_kind(rundir: RunDirectory, document: dict[str, Any] | None) -> str:
 
 
 class _RunSync:
-    def __init__(self, rundir: RunDirectory, client: TracesClient, platform: PlatformClient | None) -> None:
+    def __init__(
+        self,
+        rundir: RunDirectory,
+        client: TracesClient,
+        platform: PlatformClient | None,
+        on_file_progress: Callable[[str, int, int], Any] | None = None,
+    ) -> None:
         self.rundir = rundir
+        self.on_file_progress = on_file_progress
         self.client = client
         self.platform = platform
         self.runs: PlatformRuns | None = None
@@ -173,6 +184,7 @@ class _RunSync:
                     rejected=rejected,
                     on_progress=on_progress,
                     restamp=functools.partial(_restamp, stamp) if stamp is not None else None,
+                    on_file_progress=self.on_file_progress,
                 )
             )
         records, size = (sum(x) for x in zip(*(f.left() for f in files))) if files else (0, 0)
@@ -186,11 +198,13 @@ class _RunSync:
                     sync.run()
                 except SyncStopped as err:
                     self.report.errors.append(str(err))
+                    self.report.transient = err.transient
                     break
             if lifecycle and service_id is not None and not self.report.errors:
                 self._sync_metrics(service_id, kind)
         except (PrimeTracesError, PrimeRunsError) as err:
             self.report.errors.append(f"the service at {self.url} failed: {describe_error(err)}")
+            self.report.transient = isinstance(err, (RetryableAPIError, TransportError))
         finally:
             rejected.close()
             for sync in files:

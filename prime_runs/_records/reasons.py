@@ -21,7 +21,7 @@ of three places (``submitted = stored + dropped + failed + spooled`` per sink):
 
 - **spooled**, written to the run directory for ``prime-runs sync``, by why
   the service did not take it: :data:`TRANSIENT`, :data:`OUTAGE`,
-  :data:`DEADLINE`, ``refused:<code>`` (the service refused the sink, not the
+  :data:`BACKLOG`, :data:`DEADLINE`, ``refused:<code>`` (the service refused the sink, not the
   record: :func:`refused`), or any reason of a failed record above that the
   spool could keep instead.
 """
@@ -46,6 +46,8 @@ REJECTED = "rejected"
 TRANSIENT = "transient"
 #: Not sent: the service was down (kept on disk, uploaded when it is back).
 OUTAGE = "outage"
+#: Not sent yet: uploads were slower than the run logged (kept on disk, uploaded from there, oldest first).
+BACKLOG = "backlog"
 #: Sent or waiting when ``finish()``'s deadline came.
 DEADLINE = "deadline"
 #: Not written to disk within ``spill_timeout_s`` after the deadline.

@@ -83,11 +83,29 @@ class Sink:
         """
         raise NotImplementedError
 
+    def watch_pressure(self, pressure: threading.Event) -> None:
+        """Learn the worker's queue pressure: set while uploads are slower than the run logs.
+
+        A sink with a spool may then keep writes on disk (and upload them from
+        there) rather than let the queue fill and drop; the default ignores it.
+        """
+
+    def spill_first(self) -> bool:
+        """Finishing on a signal: whether this sink's records should go to its spool now, not upload.
+
+        A sink that uploads says True (and then uploads from the spool); the
+        default, a sink that writes to disk itself, says False and goes on.
+        """
+        return False
+
+    def spilled(self) -> None:
+        """The worker just wrote records of this sink to its spool (a sink that uploads them later starts now)."""
+
     def count_resynced(self, on_resynced: OnResynced) -> None:
         """Tell ``on_resynced`` what the sink uploads later from its spool (the worker counts it stored)."""
 
     def wait_for_resync(self, deadline: float | None) -> None:
-        """At ``finish()``: upload what was spooled during an outage, until ``deadline`` (monotonic)."""
+        """At ``finish()``: upload what was spooled (an outage, a backlog), until ``deadline`` (monotonic)."""
 
     def stop_waiting(self) -> None:
         """Stop anything that waits for the service (a probe, a resync); never blocks."""

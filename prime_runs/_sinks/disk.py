@@ -84,12 +84,13 @@ class DiskSink(Sink):
             frames = frames_of(_until_cancelled(encoded, cancel))
             self.files.writer(line_format).append(_noting(frames, written))
         except OSError as err:
-            # The writer cut the partial entries off again; only entries fsynced before a rollover stay.
-            durable = written[: getattr(err, "durable_frames", 0)]
-            ledger.stored(encoded.line_records[: sum(n for n, _ in durable)], sum(size for _, size in durable))
+            # The writer kept what fitted and cut the entry it was writing off again; it says how many lines stay.
+            durable = getattr(err, "durable_lines", 0)
+            ledger.stored(encoded.line_records[:durable], getattr(err, "durable_bytes", 0))
             rejected = {position for position, _ in encoded.errors}
             lost = [i for i in range(len(records)) if i not in rejected]
-            ledger.failed(lost, reasons.DISK_ERROR)  # (the stored ones are no longer open: not counted twice)
+            # (the stored ones are no longer open: not counted twice); the message names errno and path
+            ledger.failed(lost, reasons.DISK_ERROR, str(err))
             logger.warning("%s sink: records not written to %s: %s", self.name, self.directory, err)
             self.spool.keep_rejected(records, line_format, ledger)
             return SinkStatus.TRANSIENT

@@ -1,16 +1,26 @@
-"""When the service is down: writes go to the spool, a probe watches, and the backlog goes up when it is back.
+"""When uploads cannot keep up: writes go to the spool, and the run uploads them from there, oldest first.
 
-An upload that fails for good (transport errors, or 5xx without a refusal
-code, after its retries) puts the Traces sink in an *outage*. While it lasts,
-writes are not sent: the worker spools them at disk speed, so the queue keeps
-draining and nothing is dropped. A probe on a daemon thread pings the service
-(:meth:`~prime_traces.TracesClient.ping`, one cheap read), backing off
-exponentially (with jitter, at most :data:`MAX_PROBE_INTERVAL_S` apart). Any
-answer but a 429 or a 5xx ends the outage: live uploads resume, and the
-records this process spooled are uploaded in the background behind them,
-with ``prime-runs sync``'s own machinery (its progress in ``sync.json``,
-batches resent as the same uploads), so nothing is stored twice and a later
-sync sends only what is left.
+Two things put the Traces sink's writes on disk instead of on the wire:
+
+- an *outage*: an upload failed for good (transport errors, or 5xx without
+  a refusal code, after its retries). A probe on a daemon thread pings the
+  service (:meth:`~prime_traces.TracesClient.ping`, one cheap read), backing
+  off exponentially (with jitter, at most :data:`MAX_PROBE_INTERVAL_S`
+  apart). Any answer but a 429 or a 5xx ends the outage.
+- a *backlog*: the service answers, but uploads are slower than the run logs
+  (a slow link): the worker's queue passed its pressure mark
+  (:attr:`~prime_runs._upload.queue.RecordQueue.pressure`). Rather than fill
+  the queue and drop, writes go to disk at disk speed.
+
+Either way the worker spools the writes, and a *drain* on a daemon thread
+uploads what this process spooled, with ``prime-runs sync``'s own machinery
+(its progress in ``sync.json``, batches resent as the same uploads), so
+nothing is stored twice and a later sync sends only what is left. During a
+backlog the drain has the link to itself (every write goes to disk, so the
+order stays oldest first); it passes over the spool until a pass finds
+nothing new, and then writes go straight to the service again. After an
+outage, live uploads resume at once and the drain follows them, one upload
+at a time.
 """
 
 from __future__ import annotations
@@ -42,13 +52,15 @@ OnResynced = Callable[[int, int], Any]
 
 
 class Outage:
-    """The outage state of one sink, its probe, and the resync of its spool.
+    """The link state of one sink (live, behind, down), its probe, and the drain of its spool.
 
-    ``enter()`` is called by the threads that write to the sink (two writes may
-    be in progress at once); ``down`` may be read from any thread.
-    ``on_resynced(records, bytes)`` is told what the resync stored. ``close()``
-    stops the probe and abandons a resync in progress (what it did not send
-    stays for ``prime-runs sync``); it never waits.
+    ``enter()`` and ``fall_behind()`` are called by the threads that write to
+    the sink (two writes may be in progress at once); ``down``, ``behind``
+    and ``diverting`` may be read from any thread. ``on_resynced(records,
+    bytes)`` is told what the drain stored, ``on_episodes(n)`` how many of
+    those were episodes. ``close()`` stops the probe and abandons a drain in
+    progress (what it did not send stays for ``prime-runs sync``); it never
+    waits.
     """
 
     def __init__(
@@ -62,8 +74,10 @@ class Outage:
     ) -> None:
         self.client = client
         self.spool = spool
-        #: Told ``(records, bytes)`` as the resync stores them (the worker counts them stored).
+        #: Told ``(records, bytes)`` as the drain stores them (the worker counts them stored).
         self.on_resynced = on_resynced
+        #: Told how many episodes each drained batch held.
+        self.on_episodes: Callable[[int], Any] | None = None
         self.max_probe_interval_s = max_probe_interval_s
         self.first_probe_s = first_probe_s
         self._reset()
@@ -72,15 +86,31 @@ class Outage:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._down = threading.Event()
+        self._behind = threading.Event()
         self._closed = threading.Event()
         self._probe: threading.Thread | None = None
         self._resync: threading.Thread | None = None
         self._resync_client: TracesClient | None = None
+        # A spill came while a drain was running: it passes over the spool once more before it ends.
+        self._more = False
         self.outages = 0
+        self.backlogs = 0
+        self.drained_bytes = 0
+        self._drain_s = 0.0
+        self._drain_started: float | None = None
 
     @property
     def down(self) -> bool:
         return self._down.is_set()
+
+    @property
+    def behind(self) -> bool:
+        return self._behind.is_set()
+
+    @property
+    def diverting(self) -> bool:
+        """Whether writes go to the spool now (the service is down, or uploads are behind)."""
+        return self._down.is_set() or self._behind.is_set()
 
     def enter(self, why: str) -> None:
         """The service failed for good: keep writes on disk until the probe sees it back."""
@@ -98,6 +128,28 @@ class Outage:
             )
             self._probe = start_daemon(self._watch, "prime-runs-probe")
 
+    def fall_behind(self, why: str) -> None:
+        """Uploads are slower than the run logs: keep writes on disk and upload them from there, oldest first."""
+        with self._lock:
+            if self._behind.is_set() or self._closed.is_set():
+                return
+            self._behind.set()
+            self.backlogs += 1
+        logger.warning(
+            "uploads to %s are slower than the run logs (%s); records wait in %s and are uploaded from there",
+            self.client.config.base_url,
+            why,
+            self.spool.directory,
+        )
+
+    def spilled(self) -> None:
+        """The worker wrote records to the spool: while behind (and the service up), a drain uploads them.
+
+        Other spills (the deadline's, at close) wait for ``wait_for_resync`` or a sync.
+        """
+        if self._behind.is_set() and not self._down.is_set():
+            self.resync()
+
     def _watch(self) -> None:
         wait = self.first_probe_s
         while not self._closed.wait(wait * random.uniform(0.5, 1.0)):
@@ -112,7 +164,7 @@ class Outage:
                 return
             self._down.clear()
         logger.warning(
-            "the Traces service at %s answers again; uploading resumes, and what was kept in %s is uploaded behind it",
+            "the Traces service at %s answers again; uploading resumes, and what was kept in %s is uploaded",
             self.client.config.base_url,
             self.spool.directory,
         )
@@ -122,24 +174,72 @@ class Outage:
         # A 4xx counts as an answer: the service is up, and says something about us.
         return self.client.ping(timeout_s=PROBE_TIMEOUT_S)
 
-    def resync(self) -> None:
-        """Upload what this process spooled, on a daemon thread, unless one is running already."""
+    def resync(self, *, alone: bool = False) -> None:
+        """Upload what this process spooled, on a daemon thread; one that is running passes over it again.
+
+        ``alone``: nothing else is uploading (``finish()`` has flushed), so the drain may use every slot.
+        """
         with self._lock:
-            if self._closed.is_set() or (self._resync is not None and self._resync.is_alive()):
+            if self._closed.is_set():
+                return
+            if self._resync is not None and self._resync.is_alive():
+                self._more = True
                 return
             if not self.spool.files.own_files():
                 return
             config = self.client.config
-            # Its own client, so close() can abandon it; one request at a time, behind live uploads.
-            self._resync_client = TracesClient(config.api_key, config.base_url, config.team_id, max_in_flight=1)
-            self._resync = start_daemon(self._upload_backlog, "prime-runs-resync")
+            # Its own client, so close() can abandon it. Behind, the drain has the link to itself; after an
+            # outage it goes one upload at a time, behind the live uploads.
+            in_flight = self.client.max_in_flight if self._behind.is_set() or alone else 1
+            self._resync_client = TracesClient(config.api_key, config.base_url, config.team_id, max_in_flight=in_flight)
+            self._more = False
+            try:
+                self._resync = start_daemon(self._drain, "prime-runs-resync")
+            except RuntimeError as err:  # no new threads (interpreter shutdown): the files wait for a sync
+                logger.warning(
+                    "cannot upload what was kept in %s now (%s); `prime-runs sync %s` will",
+                    self.spool.directory,
+                    err,
+                    self.spool.directory,
+                )
+                self._resync_client.close()
+                self._resync_client = None
 
-    def _upload_backlog(self) -> None:
+    def _drain(self) -> None:
         client = self._resync_client
         assert client is not None
+        started = self._drain_started = time.monotonic()
+        try:
+            while not self._closed.is_set():
+                uploaded = self._pass(client)
+                if uploaded is None:
+                    return
+                with self._lock:
+                    if uploaded or self._more:
+                        self._more = False
+                        continue
+                    caught_up = self._behind.is_set()
+                    self._behind.clear()  # nothing new came during a pass that sent nothing: writes go live
+                if caught_up:
+                    logger.warning("the uploads caught up with the run; records go straight to the service again")
+                return
+        finally:
+            with self._lock:
+                self._drain_s += time.monotonic() - started
+                self._drain_started = None
+            client.close()
+
+    def _pass(self, client: TracesClient) -> int | None:
+        """One pass over this process's spool files; the records it uploaded, or None if it must stop."""
         names = {os.path.basename(path) for path in self.spool.files.own_files()}
         try:
-            report = sync_run(RunDirectory(self.spool.directory), client, only=names, on_progress=self.on_resynced)
+            report = sync_run(
+                RunDirectory(self.spool.directory),
+                client,
+                only=names,
+                on_progress=self._progress,
+                on_file_progress=self._file_progress,
+            )
         except (PrimeRunsError, PrimeTracesError, OSError, RuntimeError) as err:
             if not self._closed.is_set():
                 logger.warning(
@@ -148,16 +248,29 @@ class Outage:
                     err,
                     self.spool.directory,
                 )
-            return
-        finally:
-            client.close()
-        if report.errors and not self._closed.is_set():
-            logger.warning(
-                "uploading what was kept in %s stopped: %s; `prime-runs sync %s` sends the rest",
-                self.spool.directory,
-                report.errors[0],
-                self.spool.directory,
-            )
+            return None
+        if report.errors:
+            if not self._closed.is_set():
+                logger.warning(
+                    "uploading what was kept in %s stopped: %s; it goes on when the service answers, and "
+                    "`prime-runs sync %s` sends what is left",
+                    self.spool.directory,
+                    report.errors[0],
+                    self.spool.directory,
+                )
+                if report.transient:
+                    self.enter(report.errors[0])  # the probe starts the drain again once the service answers
+            return None
+        return report.uploaded
+
+    def _progress(self, records: int, size: int) -> None:
+        self.drained_bytes += size
+        if self.on_resynced is not None:
+            self.on_resynced(records, size)
+
+    def _file_progress(self, line_format: str, records: int, _size: int) -> None:
+        if line_format == "episode" and self.on_episodes is not None:
+            self.on_episodes(records)
 
     def wait_for_resync(self, deadline: float | None) -> bool:
         """At finish: upload what was kept, until ``deadline`` (monotonic); False if some is left.
@@ -167,6 +280,7 @@ class Outage:
         """
         if self.down and not self._closed.is_set() and self._answers():
             self._back()
+        self.resync(alone=True)  # what was spooled since the last drain, or a drain that stopped for an error
         thread = self._resync
         if thread is None or self.down:
             return not self.down and (thread is None or not thread.is_alive())
@@ -174,7 +288,7 @@ class Outage:
         return not thread.is_alive()
 
     def close(self) -> None:
-        """Stop probing; abandon a resync in progress. Never waits."""
+        """Stop probing; abandon a drain in progress. Never waits."""
         with self._lock:
             self._closed.set()
             client = self._resync_client
@@ -182,5 +296,16 @@ class Outage:
             client.close()
 
     def snapshot(self) -> dict[str, Any]:
-        resyncing = self._resync is not None and self._resync.is_alive()
-        return {"outage": self.down, "outages": self.outages, "resyncing": resyncing}
+        with self._lock:
+            draining = self._resync is not None and self._resync.is_alive()
+            started = self._drain_started
+            drain_s = self._drain_s + (time.monotonic() - started if started is not None else 0.0)
+        return {
+            "outage": self.down,
+            "outages": self.outages,
+            "behind": self.behind,
+            "backlogs": self.backlogs,
+            "resyncing": draining,
+            "drained_bytes": self.drained_bytes,
+            "drain_bytes_per_s": self.drained_bytes / drain_s if drain_s > 0 else 0.0,
+        }

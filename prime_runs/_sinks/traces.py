@@ -91,8 +91,12 @@ class TracesSink(Sink):
         self.max_transient_failures = max_transient_failures
         #: Where the worker keeps what this sink could not deliver (and what the service refused).
         self.spool: Spool | None = spool
-        #: With a spool, an outage sends writes to disk until the service is back (then uploads them).
+        #: With a spool, an outage or a backlog sends writes to disk, and they are uploaded from there.
         self.outage = Outage(client, spool) if spool is not None else None
+        if self.outage is not None:
+            self.outage.on_episodes = self._count_episodes
+        #: The worker's queue pressure (set while uploads are slower than the run logs), once watched.
+        self.pressure: threading.Event | None = None
         self.owns_client = owns_client
         #: Rate-limits the warnings about records not delivered, across this sink's writes.
         self.warnings = FailureWarnings()
@@ -145,6 +149,25 @@ class TracesSink(Sink):
     def write_legacy(self, records: Sequence[Any], indexes: Sequence[int], ledger: Ledger) -> SinkStatus:
         assert self.legacy is not None
         return self.legacy.write(records, indexes, ledger)
+
+    def _count_episodes(self, episodes: int) -> None:
+        with self._lock:
+            self._committed = True
+            self.episodes_written += episodes
+
+    def watch_pressure(self, pressure: threading.Event) -> None:
+        if self.outage is not None:
+            self.pressure = pressure
+
+    def spilled(self) -> None:
+        if self.outage is not None:
+            self.outage.spilled()
+
+    def spill_first(self) -> bool:
+        if self.outage is None:
+            return False
+        self.outage.fall_behind("the run is finishing on a signal")  # the drain then has every upload slot
+        return True
 
     def count_resynced(self, on_resynced: OnResynced) -> None:
         if self.outage is not None:

@@ -155,6 +155,8 @@ class UploadSink(Protocol):
     target_batch_bytes: int
     max_transient_failures: int
     outage: Outage | None
+    #: Set while uploads are slower than the run logs (the worker's queue pressure); None without a spool.
+    pressure: threading.Event | None
     #: Set by a write refused for good.
     permanent_refusal: str | None
     warnings: FailureWarnings
@@ -193,7 +195,10 @@ class SinkWrite:
 
     def run(self) -> SinkStatus:
         while self.groups and not self.cancel.is_set():
-            if self.sink.outage is not None and self.sink.outage.down:
+            outage = self.sink.outage
+            if outage is not None and not outage.diverting and self._pressed():
+                outage.fall_behind("the upload queue passed half its bounds")
+            if outage is not None and outage.diverting:
                 self._wait_out_outage()
                 break
             if self.transient_in_row >= self.sink.max_transient_failures:
@@ -226,9 +231,15 @@ class SinkWrite:
         if detail:
             self.sample = self.sample or detail
 
+    def _pressed(self) -> bool:
+        pressure = self.sink.pressure
+        return pressure is not None and pressure.is_set()
+
     def _wait_out_outage(self) -> None:
-        # Not sent, not a failure: the worker spools them; they go up when the service is back.
-        self.ledger.undelivered([i for g in self.groups for i in g], reasons.OUTAGE)
+        # Not sent, not a failure: the worker spools them; they go up from there (once the service is back).
+        outage = self.sink.outage
+        reason = reasons.OUTAGE if outage is None or outage.down else reasons.BACKLOG
+        self.ledger.undelivered([i for g in self.groups for i in g], reason)
         self.groups.clear()
 
     def _strike(self, reason: str) -> None:
@@ -267,6 +278,8 @@ class SinkWrite:
                 max_refused_s=None,  # refusals are backpressure: waited out until the deadline
                 on_batch=on_batch,
                 cancel=self.cancel,
+                # Uploads falling behind the run: what is not sent yet goes to disk, not into a longer wait.
+                stop=self.sink.pressure if self.sink.outage is not None else None,
             )
         except UploadError as err:
             self._settle(group, encoded, err.report, announced)
@@ -293,6 +306,8 @@ class SinkWrite:
         """Account for one failed upload call; queue what must be sent again."""
         positions = encoded.line_records  # produced line j -> position in group
         cancelled = self.cancel.is_set()
+        # Stopped because the uploads fell behind: abandoned batches wait on disk as they are, no failure.
+        stopped = report.stopped and not cancelled
         accounted: set[int] = {position for position, _ in encoded.errors}
         resend: list[int] = []
         splits: list[list[int]] = []
@@ -321,11 +336,11 @@ class SinkWrite:
             if kind == TRANSIENT:
                 # Sent, fate unknown (the answer never came, or retries ran out or were cut
                 # short): kept as this very batch, so a later sync replays it if it was stored.
-                reason = reasons.DEADLINE if cancelled else reasons.TRANSIENT
+                reason = reasons.DEADLINE if cancelled else reasons.BACKLOG if stopped else reasons.TRANSIENT
                 self._undeliver(
                     [group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True, key=outcome.key
                 )
-                transient = transient or not cancelled
+                transient = transient or not (cancelled or stopped)
             elif kind == SINK:
                 sink_refusal = sink_refusal or outcome
                 refused += batch
@@ -383,6 +398,11 @@ class SinkWrite:
         elif transient:
             self.transient_in_row += 1
         if cancelled:
+            return
+        if report.stopped:
+            # The uploads fell behind: what was not sent goes back in line, and the next turn keeps it on disk.
+            follow = [[group[p] for p in s] for s in splits] + ([[group[p] for p in resend]] if resend else [])
+            self.groups.extendleft(reversed(follow))
             return
         if resend and not report.batches:
             # No batch went out and no record is to blame: resending would loop.

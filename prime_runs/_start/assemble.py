@@ -84,8 +84,12 @@ def online(
     compression: str,
     save_local: bool,
     opted_out: bool,
+    keep_on_disk: bool = True,
 ) -> Parts:
-    """Create or attach the run on the platform, then the sinks; the platform client belongs to the parts."""
+    """Create or attach the run on the platform, then the sinks; the platform client belongs to the parts.
+
+    ``keep_on_disk=False`` (the runs directory cannot be written): the Traces sink has no spool.
+    """
     from prime_runs._sinks.traces import TracesSink
 
     runs = runs_for(spec.kind, platform, team_id=traces.team_id or None)
@@ -108,7 +112,7 @@ def online(
         context=context,
         meter=meter,
         owns_client=True,
-        spool=Spool(files, stamp),
+        spool=Spool(files, stamp) if keep_on_disk else None,
         legacy=legacy_for(spec.kind, platform, handle.id),
         opted_out=opted_out,
     )

@@ -12,6 +12,7 @@ from typing import Any
 from prime_runs._console.console import CONSOLE_CHOICES, Console, console_on
 from prime_runs._console.summary import destination_line
 from prime_runs._local.rundir import check_run_id, runs_root
+from prime_runs._local.writable import writable_problem
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._records.train_table import parquet_available
 from prime_runs._service.ownership import rank_info
@@ -22,7 +23,7 @@ from prime_runs._start import assemble
 from prime_runs._upload.queue import DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_RECORDS, write_cap_bytes
 from prime_runs._upload.settings import DEFAULT_SPILL_TIMEOUT_S, WorkerSettings
 from prime_runs._upload.switch_interval import DEFAULT_SWITCH_INTERVAL_S
-from prime_runs.errors import ConfigurationError
+from prime_runs.errors import ConfigurationError, RunDirectoryError
 from prime_runs.models import EnvironmentRef, TrainingSpec, normalize_config
 from prime_runs.run import ON_ERROR, Run
 from prime_traces.client import COMPRESSION_CHOICES, MAX_IN_FLIGHT_LIMIT, RUN_KINDS
@@ -202,6 +203,10 @@ def init(
     meter = SizeMeter()
     root = os.path.abspath(runs_root(dir))  # a chdir after init() must not move where the run writes
     platform: PlatformClient | None = None
+    # Offline (or with local copies) the directory is where the records go: it must be writable now.
+    no_disk = writable_problem(root, create=chosen == "offline" or save_local)
+    if no_disk is not None and (chosen == "offline" or save_local):
+        raise RunDirectoryError(root, no_disk)
     if chosen == "offline":
         parts = assemble.offline(root, ranks, spec, meter)
     else:
@@ -218,6 +223,7 @@ def init(
                 compression=compression,
                 save_local=save_local,
                 opted_out=opted_out,
+                keep_on_disk=no_disk is None,
             )
         except BaseException:
             platform.close()
@@ -270,6 +276,13 @@ def init(
             without_key=mode is None and chosen == "offline" and not traces.api_key,
         ),
     )
+    if no_disk is not None:
+        run.console.say(
+            "%s",
+            f"the runs directory {root} cannot be written ({no_disk}): what the service cannot take (an "
+            "outage, a slow link, the deadline) is lost instead of kept for `prime-runs sync`; pass "
+            "init(dir=...) or set PRIME_RUNS_DIR to a writable directory",
+        )
     return run
 
 

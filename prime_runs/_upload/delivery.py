@@ -57,14 +57,18 @@ class Group:
 class Delivery:
     """Hands groups of records to the sinks and settles each record's outcome (worker threads only).
 
-    ``cancel`` is set when ``close()`` gives up waiting; from then on nothing
-    is written, and what is left is spooled until ``spill_deadline``.
+    ``cancel`` is set (:meth:`cancel_all`) when ``close()`` gives up waiting;
+    from then on nothing is written, and what is left is spooled until
+    ``spill_deadline``. :meth:`halt` does the same for one sink: finishing on
+    a signal, an uploading sink's records go to its spool at once.
     """
 
     def __init__(self, sinks: Sequence[Sink], on_error: Callable[[SinkError], Any] | None) -> None:
         self.sinks = list(sinks)
         self.on_error = on_error
         self.cancel = threading.Event()
+        # Each sink's own: set by cancel_all(), or for that sink alone by halt().
+        self._cancels = {s.name: threading.Event() for s in self.sinks}
         self.spill_deadline: float | None = None
         self.retired: set[str] = set()
         self._strikes = {s.name: 0 for s in self.sinks}
@@ -72,22 +76,33 @@ class Delivery:
         # Two writes may end at once (see prime_runs._upload.lanes): strikes, retirements and notes change under it.
         self._lock = threading.Lock()
 
+    def cancel_all(self) -> None:
+        """The deadline: every sink stops writing; what is left is spooled until ``spill_deadline``."""
+        self.cancel.set()
+        for event in self._cancels.values():
+            event.set()
+
+    def halt(self, sink: Sink) -> None:
+        """``sink`` stops writing now (what it holds is abandoned and spooled), and is handed nothing more."""
+        self._cancels[sink.name].set()
+
     def deliver(self, records: Sequence[Any], line_format: str, ledgers: Sequence[Ledger]) -> None:
         """Write ``records`` to every sink (one ledger each), then keep or count what is left."""
         for sink, ledger in zip(self.sinks, ledgers):
             status = None
+            cancel = self._cancels[sink.name]
             if sink.name in self.retired:
                 reason = reasons.SINK_RETIRED
-            elif self.cancel.is_set():
+            elif cancel.is_set():
                 reason = reasons.DEADLINE
             else:
                 try:
-                    status = sink.write(records, line_format, ledger, self.cancel)
+                    status = sink.write(records, line_format, ledger, cancel)
                 except Exception as err:  # a broken sink loses its write, not the worker
                     logger.warning("sink %s failed on a write of %d records", sink.name, len(records), exc_info=True)
                     ledger.undelivered(range(len(records)), reasons.crash(reasons.SINK_ERROR, err))
                     status = SinkStatus.TRANSIENT
-                reason = reasons.DEADLINE if self.cancel.is_set() else reasons.SINK_INCOMPLETE
+                reason = reasons.DEADLINE if cancel.is_set() else reasons.SINK_INCOMPLETE
             self.keep(sink, records, line_format, ledger, reason)
             if status is not None:
                 self._after_write(sink, ledger, status)
@@ -112,6 +127,8 @@ class Delivery:
                     exc_info=True,
                 )
                 lost = reasons.crash(reasons.SPOOL_ERROR, err)
+            if spooled:
+                sink.spilled()
             with self._lock:
                 first = bool(spooled) and sink.name not in self._spool_noted
                 if first:

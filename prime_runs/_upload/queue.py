@@ -8,6 +8,11 @@ but not yet stored, spooled or failed) times the meter's estimate, which
 follows growth at once. A write always fits when nothing is held, so no
 single write is refused for its size alone. ``take`` is the worker's side: it waits on a condition, never
 polls.
+
+Past :data:`SPILL_AT_FRACTION` of either bound the queue sets :attr:`RecordQueue.pressure`:
+the uploads are slower than the run logs, and a sink with a spool then keeps
+its writes on disk (uploading them from there) instead of letting the queue
+fill; the event clears once the run holds less than :data:`CALM_BELOW_FRACTION`.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ WRITE_BATCHES_PER_SLOT = 4
 #: Writes the worker takes per hold of the queue's lock: 0.1 ms, where taking 800 in one hold took 1.2 ms,
 #: and every log_episodes() call meanwhile waited for the lock, then for the GIL.
 TAKE_WRITES_PER_HOLD = 64
+#: Holding this share of either bound sets the queue's pressure: the sinks go to disk rather than fill it.
+SPILL_AT_FRACTION = 0.5
+#: ... and the pressure clears once the run holds less than this share of both.
+CALM_BELOW_FRACTION = 0.25
 
 
 def write_cap_bytes(max_in_flight: int, max_queued_bytes: int, batch_bytes: int = DEFAULT_TARGET_BATCH_BYTES) -> int:
@@ -96,6 +105,8 @@ class RecordQueue:
         self._interrupted = False
         self.burst = DropBurst()
         self._calls: collections.Counter[str | None] = collections.Counter()
+        #: Set while the run holds more than SPILL_AT_FRACTION of a bound (read by sinks with a spool).
+        self.pressure = threading.Event()
 
     def put(self, records: Sequence[Any], line_format: str) -> tuple[bool, str | None, int]:
         """Queue a write; ``(False, reason, call)`` when it does not fit (never waits).
@@ -122,6 +133,8 @@ class RecordQueue:
                 self._next_seq += 1
                 self.queued_records += count
                 self.queued_bytes += est
+                if self._over(held + count, size, SPILL_AT_FRACTION):
+                    self.pressure.set()
                 # All: flush() and close() wait on this condition too, and must not take the worker's wake-up.
                 self._cond.notify_all()
                 return True, None, call
@@ -183,7 +196,18 @@ class RecordQueue:
         with self._cond:
             self._done_seq = max(self._done_seq, writes[-1].seq)
             self.taken_records = max(0, self.taken_records - records)
+            self._calm_down()
             self._cond.notify_all()
+
+    def _over(self, held: int, size: float, fraction: float) -> bool:
+        return held >= self.max_records * fraction or (size > 0 and held * size >= self.max_bytes * fraction)
+
+    def _calm_down(self) -> None:
+        # Under the lock.
+        if self.pressure.is_set():
+            held = self.queued_records + self.taken_records
+            if not self._over(held, self.meter.estimate_bytes, CALM_BELOW_FRACTION):
+                self.pressure.clear()
 
     def wake(self) -> None:
         """End a ``take`` waiting for writes now (it returns [] if none came)."""
@@ -244,6 +268,7 @@ class RecordQueue:
         with self._cond:
             self._done_seq = self._next_seq - 1
             self.taken_records = 0
+            self._calm_down()
             self._cond.notify_all()
 
     def take_burst(self) -> DropBurst | None:

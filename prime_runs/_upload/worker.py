@@ -102,6 +102,7 @@ class UploadWorker:
         for sink in self.sinks:
             # What a sink uploads from its spool once the service is back counts as stored.
             sink.count_resynced(functools.partial(self.accounting.count_resynced, sink.name))
+            sink.watch_pressure(self._queue.pressure)
 
     # -- the caller's side ---------------------------------------------------
 
@@ -162,6 +163,20 @@ class UploadWorker:
         for sink in self.sinks:
             sink.stop_waiting()
 
+    def spill_first(self) -> None:
+        """Finishing on a signal: what the uploading sinks have not stored goes to their spools now.
+
+        Uploads in flight are abandoned (kept as the very batches they were, so
+        re-sending them replays), the queue is written to disk at disk speed,
+        and the sinks upload from there for what is left of ``close()``'s time.
+        A sink that writes to disk itself goes on as it was.
+        """
+        if self.delivery.spill_deadline is None:
+            self.delivery.spill_deadline = time.monotonic() + self.settings.spill_timeout_s
+        for sink in self.sinks:
+            if sink.spill_first():
+                self.delivery.halt(sink)
+
     def close(self, timeout_s: float | None = None) -> bool:
         """Flush up to ``timeout_s``, then cancel, spool what is left and account for the rest.
 
@@ -181,7 +196,7 @@ class UploadWorker:
         spill_deadline = time.monotonic() + (self.settings.spill_timeout_s if spools else 0.0)
         if not flushed:
             self.delivery.spill_deadline = spill_deadline  # spooling must end by then
-            self.delivery.cancel.set()
+            self.delivery.cancel_all()
         left = self._queue.close()
         kept = self._keep_left(left) if left else None
         waited_until = spill_deadline + ACCOUNTING_GRACE_S

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from prime_traces._upload.compress import (
     compress,
     content_encoding_header,
 )
+from prime_traces._upload.levels import AdaptiveLevel
 from prime_traces._upload.window import OK, OTHER, REFUSED, InFlightWindow
 from prime_traces.errors import (
     APIError,
@@ -55,6 +57,9 @@ class UploadSettings:
     max_attempts: int = DEFAULT_UPLOAD_ATTEMPTS
     #: Refusals spend no attempt; a batch refused this long in a row fails (None: never, until cancel).
     max_refused_s: float | None = DEFAULT_MAX_REFUSED_S
+    #: While "auto" coding has not learnt the service's codings, cut the first batch small to learn them.
+    #: False: every batch is cut at target_batch_bytes, so the batches depend on the lines alone.
+    learn_coding: bool = True
 
     def validate(self) -> None:
         if self.line_format not in LINE_FORMATS:
@@ -92,13 +97,15 @@ class Sender:
         selector: CodingSelector,
         window: InFlightWindow,
         *,
-        zstd_level: int,
+        zstd_level: int | None,
         sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.transport = transport
         self.selector = selector
         self.window = window
+        #: A pinned zstd level, or None: the level adapts to the link (:class:`AdaptiveLevel`).
         self.zstd_level = zstd_level
+        self.levels = AdaptiveLevel()
         self.sleep = sleep
         self.url = transport.config.base_url + "/api/v1/traces"
 
@@ -163,13 +170,19 @@ class Sender:
             + metadata
             + f"\r\n--{boundary}\r\n{part_headers}\r\n".encode()
         )
-        body = b"".join(
-            (head, compress(batch.data, coding, zstd_level=self.zstd_level), f"\r\n--{boundary}--\r\n".encode())
-        )
+        level = self.zstd_level if self.zstd_level is not None else self.levels.current()
+        cpu_started = time.thread_time()
+        compressed = compress(batch.data, coding, zstd_level=level)
+        cpu_s = time.thread_time() - cpu_started
+        body = b"".join((head, compressed, f"\r\n--{boundary}--\r\n".encode()))
+        del compressed
         headers = {"Idempotency-Key": key, "Content-Type": f"multipart/form-data; boundary={boundary}"}
         if line_format == "episode":
             headers["X-Prime-Line-Format"] = "episode"
+        sent = time.monotonic()
         resp = self.transport.request("POST", self.url, data=body, headers=headers)
+        if coding == ZSTD and self.zstd_level is None and resp.status_code < 300:
+            self.levels.observe(level, cpu_s, time.monotonic() - sent)
         self.selector.observe(resp.headers)
         try:
             payload = orjson.loads(resp.content)

@@ -84,6 +84,7 @@ class Upload:
         on_batch: OnBatch | None,
         cancel: threading.Event | None,
         abandon_after_s: float = DEFAULT_ABANDON_AFTER_S,
+        stop: threading.Event | None = None,
     ) -> None:
         self.pool = pool
         self.sender = sender
@@ -91,6 +92,8 @@ class Upload:
         self.max_in_flight = max_in_flight
         self.on_batch = on_batch
         self.cancel = cancel
+        #: Once set, no new batch is sent; those in flight get ``abandon_after_s`` to finish, as at a cancel.
+        self.stop = stop
         self.abandon_after_s = abandon_after_s
         self.window: collections.deque[tuple[Batch, Future[UploadReceipt]]] = collections.deque()
         self.report = UploadReport()
@@ -113,7 +116,7 @@ class Upload:
             self.sender.window.unsubscribe(self._wake)
 
     def _run(self, lines: Iterable[Any]) -> list[UploadReceipt]:
-        probe = PROBE_BATCH_BYTES if self.sender.selector.probing else None
+        probe = PROBE_BATCH_BYTES if self.sender.selector.probing and self.settings.learn_coding else None
         batches = iter_batches(
             lines, target_batch_bytes=self.settings.target_batch_bytes, first_batch_bytes=probe, reuse_buffers=True
         )
@@ -126,7 +129,7 @@ class Upload:
             self._wake.clear()
             # Collect first: a failure seen now must stop the refill below.
             self._collect()
-            while not exhausted and self.failure is None and not self._cancelled():
+            while not exhausted and self.failure is None and not self._cancelled() and not self._stopped():
                 if pending is None and not self.window:
                     pending, exhausted = self._pull(batches)
                     if pending is None:
@@ -155,18 +158,21 @@ class Upload:
                 self.next_line = batch.line_indexes[-1] + 1
             # Done once nothing of ours is in flight and nothing more will go. With
             # lines left and the window full of other uploads' requests, wait for a slot.
-            if not self.window and (exhausted or self.failure is not None):
+            if not self.window and (exhausted or self.failure is not None or self._stopped()):
                 break
-            if self._cancelled():
+            if self._cancelled() or self._stopped():
                 self._abandon()
                 break
-            self._wake.wait(_CANCEL_CHECK_S if self.cancel is not None else None)
+            watched = self.cancel is not None or self.stop is not None
+            self._wake.wait(_CANCEL_CHECK_S if watched else None)
         abandoned = any(b.status is BatchStatus.ABANDONED for b in self.report.batches)
         cancelled_early = self._cancelled() and (not exhausted or abandoned)
-        if self.failure is None and not cancelled_early:
+        stopped_early = self._stopped() and (not exhausted or abandoned)
+        if self.failure is None and not cancelled_early and not stopped_early:
             return self.receipts
         if not exhausted:
             self.report.unsent_from_line = self.next_line
+        self.report.stopped = stopped_early and self.failure is None and not cancelled_early
         raise self._error(cancelled_early)
 
     def _pull(self, batches: Iterator[Batch]) -> tuple[Batch | None, bool]:
@@ -212,6 +218,9 @@ class Upload:
 
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
+
+    def _stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
 
     def _collect(self) -> None:
         """Hand out receipts in order; note the first failure anywhere in the window."""
@@ -265,6 +274,8 @@ class Upload:
         cause = self.failure if self.failure is not None else (first.error if first else None)
         if cancelled and self.failure is None:
             message = "upload cancelled: " + self.report.summary()
+        elif self.report.stopped:
+            message = "upload stopped at the caller's request: " + self.report.summary()
         else:
             where = f" in batch {first.index}" if first is not None else ""
             message = f"upload stopped{where}: {cause}; {self.report.summary()}"

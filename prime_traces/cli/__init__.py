@@ -101,6 +101,7 @@ def _add_serve(sub: Any) -> None:
     f = p.add_argument_group("fault injection")
     f.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
     f.add_argument("--bandwidth-mb-s", type=float, default=None, help="cap on reading each body")
+    f.add_argument("--link-mb-s", type=float, default=None, help="cap on reading all bodies together (one uplink)")
     f.add_argument("--fail-fraction", type=float, default=0.0, help="fraction of uploads refused")
     f.add_argument("--fail-count", type=int, default=0, help="refuse the next N uploads")
     f.add_argument(
@@ -148,6 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
         "ui": not args.no_ui,
         "latency_ms": args.latency_ms,
         "bandwidth_mb_s": args.bandwidth_mb_s,
+        "link_mb_s": args.link_mb_s,
         "fail_fraction": args.fail_fraction,
         "fail_count": args.fail_count,
         "fail_status": args.fail_status,

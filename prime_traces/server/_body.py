@@ -104,9 +104,18 @@ class MemoryCharge:
 
 
 def read_body(
-    read: Callable[[int], bytes], length: int, charge: MemoryCharge, bandwidth_mb_s: float | None = None
+    read: Callable[[int], bytes],
+    length: int,
+    charge: MemoryCharge,
+    bandwidth_mb_s: float | None = None,
+    link: Callable[[int], float] | None = None,
+    link_rate_b_s: float | None = None,
 ) -> bytearray:
     """Read exactly ``length`` bytes with ``read(n)``, no faster than ``bandwidth_mb_s``.
+
+    ``link(n)``: how long to wait before ``n`` more bytes have passed a link
+    shared with other requests (:class:`~prime_traces.server._faults.Link`),
+    whose rate is ``link_rate_b_s`` bytes a second.
 
     Memory grows with the bytes received; each chunk is charged before it is
     read. Raises ``ConnectionError`` when the peer closes early, whatever
@@ -115,8 +124,9 @@ def read_body(
     buf = bytearray()
     chunk_bytes = READ_CHUNK_BYTES
     rate = bandwidth_mb_s * 1e6 if bandwidth_mb_s else None
-    if rate is not None:
-        chunk_bytes = max(_MIN_THROTTLED_CHUNK_BYTES, min(chunk_bytes, int(rate / 100)))
+    slowest = min(r for r in (rate, link_rate_b_s) if r) if rate or link_rate_b_s else None
+    if slowest is not None:  # chunks of 10 ms at the slowest rate: waits stay short, a shared link fair
+        chunk_bytes = max(_MIN_THROTTLED_CHUNK_BYTES, min(chunk_bytes, int(slowest / 100)))
     start = time.monotonic()
     while len(buf) < length:
         want = min(chunk_bytes, length - len(buf))
@@ -126,6 +136,10 @@ def read_body(
         if not chunk:
             raise ConnectionError(f"client closed the connection after {len(buf)} of {length} bytes")
         buf += chunk
+        if link is not None:
+            wait_s = link(len(chunk))
+            if wait_s > 0:
+                time.sleep(wait_s)
         del chunk  # before the next read, so a chunk and its copy never pile up
         if rate is not None:
             ahead_s = len(buf) / rate - (time.monotonic() - start)

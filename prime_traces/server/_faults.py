@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ class Faults:
 
     - ``latency_ms``: added to every request before it is answered.
     - ``bandwidth_mb_s``: cap on how fast each request body is read.
+    - ``link_mb_s``: cap on how fast all request bodies together are read,
+      an uplink every upload shares (``None``: no cap); see :class:`Link`.
     - ``fail_fraction`` / ``fail_count``: uploads answered ``fail_status``
       with ``Retry-After: fail_retry_after_s`` — the next ``fail_count``
       uploads, then a ``fail_fraction`` of the rest (seeded). 429
@@ -51,6 +54,7 @@ class Faults:
 
     latency_ms: float = 0.0
     bandwidth_mb_s: float | None = None
+    link_mb_s: float | None = None
     fail_fraction: float = 0.0
     fail_count: int = 0
     fail_status: int = 503
@@ -68,6 +72,8 @@ class Faults:
     on_upload: Callable[[str], Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _rng: random.Random | None = field(default=None, repr=False, compare=False)
+    #: The shared uplink's clock, whatever its rate is now.
+    link: Link = field(default_factory=lambda: Link(), repr=False, compare=False)
 
     def validate(self) -> None:
         if self.fail_status not in FAIL_STATUSES:
@@ -76,6 +82,8 @@ class Faults:
             raise ValueError(f"fail_fraction must be within 0..1, not {self.fail_fraction}")
         if self.bandwidth_mb_s is not None and self.bandwidth_mb_s <= 0:
             raise ValueError(f"bandwidth_mb_s must be greater than 0, not {self.bandwidth_mb_s}")
+        if self.link_mb_s is not None and self.link_mb_s <= 0:
+            raise ValueError(f"link_mb_s must be greater than 0, not {self.link_mb_s}")
         if self.latency_ms < 0:
             raise ValueError(f"latency_ms must be at least 0, not {self.latency_ms}")
 
@@ -98,6 +106,29 @@ class Faults:
                 self.drop_after_body -= 1
                 return True
             return False
+
+
+class Link:
+    """One uplink shared by every request body: bytes pass it one after another, at its rate.
+
+    Each chunk read reserves its time on the link after everything reserved
+    before it (a virtual clock), and its reader sleeps until then: however
+    many uploads run at once, together they get the rate, as on a real link.
+    Idle time is not banked. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def pass_bytes(self, n: int, rate_mb_s: float | None) -> float:
+        """Reserve ``n`` bytes' time on the link; how long the caller must wait (0 with no cap)."""
+        if not rate_mb_s or n <= 0:
+            return 0.0
+        now = time.monotonic()
+        with self._lock:
+            self._free_at = max(self._free_at, now) + n / (rate_mb_s * 1e6)
+            return self._free_at - now
 
 
 class Stats:

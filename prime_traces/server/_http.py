@@ -126,8 +126,14 @@ class Request:
         """This request's share of the service's body memory budget."""
         return self.handler.charge
 
-    def read_body(self, length: int, bandwidth_mb_s: float | None = None) -> bytearray:
-        return read_body(self.handler.read_body_bytes, length, self.handler.charge, bandwidth_mb_s)
+    def read_body(
+        self,
+        length: int,
+        bandwidth_mb_s: float | None = None,
+        link: Callable[[int], float] | None = None,
+        link_rate_b_s: float | None = None,
+    ) -> bytearray:
+        return read_body(self.handler.read_body_bytes, length, self.handler.charge, bandwidth_mb_s, link, link_rate_b_s)
 
     def json_body(self, max_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES) -> Any:
         """The JSON body of a run request; 400 ``invalid_run`` if too large or not JSON."""

@@ -13,6 +13,7 @@ parsed again a chunk at a time as they are stored.
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import logging
 import re
@@ -82,7 +83,9 @@ def _upload(req: Request, length: int) -> Response:
             400, ErrorCode.INVALID_IDEMPOTENCY_KEY, "Idempotency-Key must be 'sha256:' and 64 lowercase hex digits"
         )
     raw_format = req.header("X-Prime-Line-Format")
-    body = req.read_body(length, faults.bandwidth_mb_s)
+    link_mb_s = faults.link_mb_s
+    shared = functools.partial(faults.link.pass_bytes, rate_mb_s=link_mb_s) if link_mb_s else None
+    body = req.read_body(length, faults.bandwidth_mb_s, shared, link_mb_s * 1e6 if link_mb_s else None)
     state.stats.count_upload_attempt(length)
     if faults.before_upload is not None:
         faults.before_upload()

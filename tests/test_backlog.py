@@ -1,0 +1,146 @@
+"""A link slower than the run, and a preemption: the backlog waits on disk, and nothing is lost or stored twice.
+
+Against the local service with a shared uplink (``link_mb_s``): every upload
+of the run shares one link, as on a real network.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from _run_helpers import (  # noqa: F401  (fixtures are used by name)
+    KEY,
+    identity_holds,
+    isolated,
+    local_records,
+    online,
+    stored_episodes,
+)
+from _wire import episode, trace
+from test_run_processes import first_line, script_env
+
+from prime_runs import cli
+from prime_runs._records.size_meter import SizeMeter
+from prime_runs._upload.queue import CALM_BELOW_FRACTION, SPILL_AT_FRACTION, RecordQueue
+from prime_traces.server import LocalTracesService
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+#: How long a preempted process has between SIGTERM and SIGKILL in these tests.
+GRACE_S = 10.0
+
+
+def _pads(count: int, floats: int, seed: int) -> list[list[float]]:
+    rng = random.Random(seed)
+    return [[round(rng.random(), 6) for _ in range(floats)] for _ in range(count)]
+
+
+def _sync(service: LocalTracesService, run_dir: str | Path) -> None:
+    assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, str(run_dir)]) == 0
+
+
+def test_the_queue_is_under_pressure_past_half_a_bound_and_calm_below_a_quarter():
+    queue = RecordQueue(100, 10**12, SizeMeter())
+    assert queue.put([{"id": "a"}], "trace")[0]
+    half = int(100 * SPILL_AT_FRACTION)
+    assert queue.put([{"id": f"b{i}"} for i in range(half - 2)], "trace")[0]
+    assert not queue.pressure.is_set()
+    assert queue.put([{"id": "c"}], "trace")[0]  # half the record bound held
+    assert queue.pressure.is_set()
+    first = queue.take(float("inf"), 0)
+    queue.done(first[:1])  # one record done: still more than a quarter held
+    assert queue.pressure.is_set()
+    queue.done(first)
+    assert queue.queued_records + queue.taken_records < 100 * CALM_BELOW_FRACTION
+    assert not queue.pressure.is_set()
+
+
+def test_a_link_slower_than_the_run_keeps_the_backlog_on_disk_and_drops_nothing(isolated, tmp_path, caplog):
+    # 60 episodes of about 1.1 MB logged at 20 MB/s under a 20 MB bound, a 2 MB/s link, 5 s to finish:
+    # the link carries part of them; the rest wait on disk instead of being dropped at the full queue.
+    pads = _pads(4, 100_000, seed=1)
+    logged = [f"ep-{i}" for i in range(60)]
+    with LocalTracesService(tmp_path / "traces.db", link_mb_s=2) as service:
+        run = online(service, dir=isolated / "runs", max_queued_bytes=20_000_000)
+        pace = threading.Event()  # never set: the training loop's own pace, 20 MB/s
+        for i, episode_id in enumerate(logged):
+            assert run.log_episodes([episode(episode_id, [trace(f"t-{i}", info={"pad": pads[i % 4]})])])
+            pace.wait(0.055)
+        run.finish(timeout_s=5)
+        stats = run.stats()
+        counts = stats["sinks"]["traces"]
+        on_service = stored_episodes(service)
+        on_disk = [r["id"] for r in local_records(run.dir, "episode")]
+        assert stats["dropped"] == {} and counts["failed"] == {}
+        assert counts["backlogs"] >= 1
+        assert "backlog" in counts["spooled_reasons"] or counts["resynced"] > 0, counts
+        # What the link carried is stored once; all the rest is on disk.
+        assert all(copies == 1 for copies in on_service.values()), on_service
+        assert 0 < len(on_service) < 60 and counts["stored"] == len(on_service)
+        assert set(on_service) | set(on_disk) == set(logged)
+        assert counts["spooled"] == 60 - len(on_service)
+        assert identity_holds(run)
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("slower than the run logs" in m for m in messages)
+        if counts["resynced"]:
+            assert any(f"of them uploaded since) are kept in {run.dir}" in m for m in messages), messages
+        service.faults.link_mb_s = None
+        for thread in threading.enumerate():  # the drain finish() left ends with its request in flight
+            if thread.name == "prime-runs-resync":
+                thread.join(60)
+        _sync(service, run.dir)
+        assert stored_episodes(service) == {i: 1 for i in logged}
+
+
+PREEMPTED = """
+import random, sys
+import prime_runs
+from _wire import episode, trace
+
+rng = random.Random(2)
+pads = [[round(rng.random(), 6) for _ in range(20_000)] for _ in range(16)]  # about 200 KB each
+run = prime_runs.init("preempted", environments=["e"], model="m", team_id="t", dir=sys.argv[1])
+for i in range(400):
+    run.log_episodes([episode(f"ep-{i}", [trace(f"t-{i}", info={"pad": pads[i % 16]})])])
+print(run.id, flush=True)
+while True:
+    sys.stdin.readline() or exit()  # training goes on until the signal
+"""
+
+
+def test_a_preempted_run_is_on_disk_or_stored_before_the_kill_and_a_sync_makes_it_whole(tmp_path):
+    # SIGTERM, SIGKILL 10 s later (a scheduler's grace period): 80 MB that a 1 MB/s link cannot carry in time.
+    runs = tmp_path / "runs"
+    with LocalTracesService(tmp_path / "traces.db", link_mb_s=1) as service:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(PREEMPTED), str(runs)],
+            env=script_env(service, tmp_path),
+            cwd=tmp_path,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        run_id = first_line(proc)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _out, err = proc.communicate(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _out, err = proc.communicate()
+        on_service = stored_episodes(service)
+        on_disk = {r["id"] for r in local_records(runs / run_id, "episode")}
+        logged = {f"ep-{i}" for i in range(400)}
+        assert all(copies == 1 for copies in on_service.values()), on_service
+        assert set(on_service) | on_disk == logged, err[-3000:]
+        assert len(on_disk) > 0  # the link could not have carried them all
+        service.faults.link_mb_s = None
+        _sync(service, runs / run_id)
+        assert stored_episodes(service) == {i: 1 for i in logged}
