@@ -1,7 +1,8 @@
 """Adaptive zstd levels against a slow link: records delivered per second, adaptive over pinned level 1.
 
-Starts ``prime-traces serve --link-mb-s RATE`` (one uplink shared by every
-upload, in its own process), then uploads the same episodes
+Starts ``prime-traces serve --link-mb-s RATE --store none --validate light``
+(one uplink shared by every upload, in its own process; the link is under
+test, not the service's CPU), then uploads the same episodes
 (``tools/workload.py``, 6.4 MB each) with two clients in turn, several
 rounds, alternating which goes first: one with the level pinned at 1 (the
 client before adaptive levels), one adapting. Each upload's records per
@@ -36,17 +37,19 @@ def _episodes(count: int, seed: int) -> list[bytes]:
     return [orjson.dumps(generate_episode(seed * 10_000 + i, target_bytes=6_400_000, now=now)) for i in range(count)]
 
 
-def _upload(url: str, lines: list[bytes], zstd_level: int | None) -> tuple[float, dict]:
-    with TracesClient("bench", url, max_in_flight=2, compression="zstd", zstd_level=zstd_level) as client:
+def _upload(url: str, lines: list[bytes], zstd_level: int | None, max_in_flight: int) -> tuple[float, dict]:
+    with TracesClient("bench", url, max_in_flight=max_in_flight, compression="zstd", zstd_level=zstd_level) as client:
         started = time.monotonic()
         client.upload_lines(lines, line_format="episode", target_batch_bytes=8 * 1024**2)
         elapsed = time.monotonic() - started
         return len(lines) / elapsed, client.upload_stats()
 
 
-def _pass(rate_mb_s: float | None, episodes: int, rounds: int, first_seed: int) -> list[float]:
+def _pass(rate_mb_s: float | None, episodes: int, rounds: int, first_seed: int, max_in_flight: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_serve(os.path.join(tmp, "bench.db"), *(["--link-mb-s", str(rate_mb_s)] if rate_mb_s else []))
+        # The link is under test, not the service's CPU: no storage, light validation (as the load test).
+        options = ["--store", "none", "--validate", "light"] + (["--link-mb-s", str(rate_mb_s)] if rate_mb_s else [])
+        proc, url = start_serve(os.path.join(tmp, "bench.db"), *options)
         try:
             ratios = []
             for n in range(rounds):
@@ -56,7 +59,7 @@ def _pass(rate_mb_s: float | None, episodes: int, rounds: int, first_seed: int) 
                 rates = {}
                 for k, (name, level) in enumerate(order):
                     lines = _episodes(episodes, first_seed + 2 * n + k)
-                    rates[name], stats = _upload(url, lines, level)
+                    rates[name], stats = _upload(url, lines, level, max_in_flight)
                     if name == "adaptive":
                         level_seen = stats.get("zstd_level")
                 ratio = rates["adaptive"] / rates["pinned"]
@@ -77,14 +80,15 @@ def main() -> None:
     parser.add_argument("--rate-mb-s", type=float, default=4.0)
     parser.add_argument("--episodes", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-in-flight", type=int, default=8, help="prime_runs' default")
     parser.add_argument("--skip-unlimited", action="store_true")
     args = parser.parse_args()
-    print(f"{args.episodes} episodes of 6.4 MB per upload, link {args.rate_mb_s} MB/s:")
-    slow = _pass(args.rate_mb_s, args.episodes, args.rounds, first_seed=0)
+    print(f"{args.episodes} episodes of 6.4 MB per upload, {args.max_in_flight} in flight, link {args.rate_mb_s} MB/s:")
+    slow = _pass(args.rate_mb_s, args.episodes, args.rounds, first_seed=0, max_in_flight=args.max_in_flight)
     print(f"slow link: adaptive / pinned level 1, median {statistics.median(slow):.2f}x")
     if not args.skip_unlimited:
         print("no link limit:")
-        free = _pass(None, args.episodes, args.rounds, first_seed=1_000)
+        free = _pass(None, args.episodes, args.rounds, first_seed=1_000, max_in_flight=args.max_in_flight)
         print(f"no link limit: adaptive / pinned level 1, median {statistics.median(free):.2f}x")
 
 

@@ -6,7 +6,8 @@ of it), prints ``logged``, and keeps training. The parent sends SIGTERM at
 once and polls, every 20 ms, the lines fsynced in the run directory (counted
 from the segments' metadata, nothing decompressed); it reports when they and
 the records stored before the signal first cover everything logged, and how
-long the child took to exit. A kill at that moment would lose nothing.
+long the child took to end (it uploads from disk until ``finish_timeout_s``
+or the SIGKILL ``--grace-s`` after SIGTERM). A kill at that moment would lose nothing.
 
     python tools/bench_preempt.py --records 300 --record-mb 1
 """
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300)
     parser.add_argument("--record-mb", type=float, default=1.0)
     parser.add_argument("--link-mb-s", type=float, default=1.0)
+    parser.add_argument("--grace-s", type=float, default=30.0, help="SIGKILL this long after SIGTERM")
     args = parser.parse_args()
     tests = str(Path(__file__).resolve().parent.parent / "tests")
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,15 +93,18 @@ def main() -> None:
             else:
                 time.sleep(0.02)
         try:
-            child.wait(120)
+            child.wait(max(0.0, args.grace_s - (time.monotonic() - signalled)))
+        except subprocess.TimeoutExpired:
+            child.kill()  # the scheduler's SIGKILL at the end of the grace period
+            child.wait()
         finally:
-            child.kill()
             server.terminate()
         logged_mb = args.records * args.record_mb
         print(
             f"{args.records} records ({logged_mb:.0f} MB) logged; after SIGTERM everything was on disk or on the "
-            f"service in {covered_s if covered_s is None else round(covered_s, 2)} s; the process exited after "
-            f"{time.monotonic() - signalled:.1f} s (it keeps uploading from disk for finish_timeout_s)"
+            f"service in {covered_s if covered_s is None else round(covered_s, 2)} s; the process ended after "
+            f"{time.monotonic() - signalled:.1f} s (it uploads from disk for finish_timeout_s, or until the SIGKILL "
+            f"at {args.grace_s:.0f} s)"
         )
 
 

@@ -175,6 +175,7 @@ class Sender:
         compressed = compress(batch.data, coding, zstd_level=level)
         cpu_s = time.thread_time() - cpu_started
         body = b"".join((head, compressed, f"\r\n--{boundary}--\r\n".encode()))
+        body_bytes = len(compressed)
         del compressed
         headers = {"Idempotency-Key": key, "Content-Type": f"multipart/form-data; boundary={boundary}"}
         if line_format == "episode":
@@ -182,7 +183,7 @@ class Sender:
         sent = time.monotonic()
         resp = self.transport.request("POST", self.url, data=body, headers=headers)
         if coding == ZSTD and self.zstd_level is None and resp.status_code < 300:
-            self.levels.observe(level, cpu_s, time.monotonic() - sent)
+            self.levels.observe(level, batch.size_bytes, cpu_s, time.monotonic() - sent, body_bytes)
         self.selector.observe(resp.headers)
         try:
             payload = orjson.loads(resp.content)
