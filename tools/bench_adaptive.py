@@ -9,7 +9,7 @@ client before adaptive levels), one adapting. Each upload's records per
 second is timed; the report is each round's ratio and their median. A second
 pass with no link limit checks that adapting costs nothing there.
 
-    python tools/bench_adaptive.py --rate-mb-s 4 --episodes 12 --rounds 3
+    python tools/bench_adaptive.py --rate-mb-s 4 --episodes 60 --rounds 3
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _pass(rate_mb_s: float | None, episodes: int, rounds: int, first_seed: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate-mb-s", type=float, default=4.0)
-    parser.add_argument("--episodes", type=int, default=12)
+    parser.add_argument("--episodes", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-in-flight", type=int, default=8, help="prime_runs' default")
     parser.add_argument("--skip-unlimited", action="store_true")

@@ -16,7 +16,8 @@ instead of storing them twice.
 The writer holds an exclusive ``flock`` on the file it appends to, released
 by the kernel however the process ends: reading and repairing
 (:mod:`prime_runs._local.segment_reader`) cut a torn tail only off files no live
-process holds.
+process holds. The format itself (names, entries, frames) is
+:mod:`prime_runs._local.segment_format`; its names are importable from here too.
 """
 
 from __future__ import annotations
@@ -25,17 +26,32 @@ import contextlib
 import errno
 import logging
 import os
-import re
-import socket
-import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import orjson
 import zstandard
 
-from prime_traces.encoding import LineParts
+from prime_runs._local.segment_format import (
+    DATA_KINDS,
+    FRAME_HEADER,
+    MAX_FRAME_BYTES,
+    MAX_META_BYTES,
+    META_MAGIC,
+    METRICS,
+    REJECTED,
+    SKIPPABLE,
+    SUFFIX,
+    ZSTD_LEVEL,
+    ZSTD_MAGIC,
+    Frame,
+    SegmentName,
+    encode_entry,
+    frame_bytes,
+    frames_of,
+    host_label,
+    segment_files,
+)
 from prime_traces.threads import call_in_forked_child
 
 try:
@@ -45,30 +61,34 @@ except ImportError:  # Windows: no advisory locks; a live writer's tail is never
 
 logger = logging.getLogger(__name__)
 
-SUFFIX = ".jsonl.zst"
-#: Kinds of segment: records to upload (by line format), and records set aside.
-DATA_KINDS = ("episode", "trace")
-REJECTED = "rejected"
-#: A run's metrics history rows (``{step, time, metrics}``), kept offline or when the service did not take them.
-METRICS = "metrics"
 #: A segment rolls over to the next file once it is this large.
 DEFAULT_MAX_SEGMENT_BYTES = 128 * 1024**2
-#: Lines are cut into frames of about this many uncompressed bytes (a batch entry is never cut).
-MAX_FRAME_BYTES = 16 * 1024**2
-ZSTD_LEVEL = 1
 
-META_MAGIC = 0x184D2A5E  # a zstd skippable frame: decoders pass over it
-SKIPPABLE = range(0x184D2A50, 0x184D2A60)
-ZSTD_MAGIC = 0xFD2FB528
-FRAME_HEADER = struct.Struct("<II")
-MAX_META_BYTES = 4096
-_NAME_RE = re.compile(r"^(?P<kind>[a-z]+)-(?P<host>.+)-(?P<pid>\d+)-(?P<seq>\d{6,})" + re.escape(SUFFIX) + "$")
-_HOST_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def host_label() -> str:
-    """This machine's name, safe inside a file name."""
-    return _HOST_UNSAFE.sub("_", socket.gethostname() or "host")[:64] or "host"
+# The format's names, for the modules that read and write segments through this one.
+__all__ = [
+    "DATA_KINDS",
+    "DEFAULT_MAX_SEGMENT_BYTES",
+    "FRAME_HEADER",
+    "MAX_FRAME_BYTES",
+    "MAX_META_BYTES",
+    "META_MAGIC",
+    "METRICS",
+    "REJECTED",
+    "SKIPPABLE",
+    "SUFFIX",
+    "ZSTD_LEVEL",
+    "ZSTD_MAGIC",
+    "Durable",
+    "Frame",
+    "SegmentName",
+    "SegmentWriter",
+    "encode_entry",
+    "frame_bytes",
+    "frames_of",
+    "fsync_directory",
+    "host_label",
+    "segment_files",
+]
 
 
 @dataclass
@@ -80,45 +100,6 @@ class Durable:
     fsynced: tuple[int, int] = (0, 0)
     #: The file this append last wrote to, and its size before.
     start: tuple[str | None, int] | None = None
-
-
-@dataclass(frozen=True)
-class SegmentName:
-    """``<kind>-<host>-<pid>-<seq>.jsonl.zst``."""
-
-    kind: str
-    host: str
-    pid: int
-    seq: int
-
-    @classmethod
-    def parse(cls, filename: str) -> SegmentName | None:
-        match = _NAME_RE.match(filename)
-        if match is None:
-            return None
-        return cls(match["kind"], match["host"], int(match["pid"]), int(match["seq"]))
-
-    def __str__(self) -> str:
-        return f"{self.kind}-{self.host}-{self.pid}-{self.seq:06d}{SUFFIX}"
-
-
-def segment_files(directory: str, kinds: Iterable[str]) -> list[str]:
-    """Paths of the segments of ``kinds`` in ``directory``, in name order (missing directory: none)."""
-    wanted = set(kinds)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    found = [(n, SegmentName.parse(n)) for n in names]
-    return sorted(os.path.join(directory, n) for n, parsed in found if parsed is not None and parsed.kind in wanted)
-
-
-@dataclass
-class Frame:
-    """Lines to write as one entry; ``batch`` marks lines that must travel as one upload."""
-
-    lines: list[bytes | LineParts]
-    batch: bool = False
 
 
 class SegmentWriter:
@@ -312,46 +293,6 @@ class SegmentWriter:
                 self._close_file()
             finally:
                 self._lock.release()
-
-
-def encode_entry(compressor: zstandard.ZstdCompressor, frame: Frame) -> tuple[bytes, bytes]:
-    """The metadata frame and the zstd frame of ``frame``'s lines."""
-    raw = sum(len(line) if isinstance(line, (bytes, bytearray)) else line.size for line in frame.lines)
-    raw += len(frame.lines)
-    stream = compressor.compressobj(size=raw)
-    chunks = []
-    for line in frame.lines:
-        for part in (line,) if isinstance(line, (bytes, bytearray)) else line:
-            chunks.append(stream.compress(part))
-        chunks.append(stream.compress(b"\n"))
-    chunks.append(stream.flush())
-    data = b"".join(chunks)
-    meta: dict[str, object] = {"lines": len(frame.lines), "bytes": raw, "zbytes": len(data)}
-    if frame.batch:
-        meta["batch"] = True
-    payload = orjson.dumps(meta)
-    return FRAME_HEADER.pack(META_MAGIC, len(payload)) + payload, data
-
-
-def frame_bytes(frame: Frame) -> int:
-    """The uncompressed bytes of ``frame``'s lines, a newline after each."""
-    return sum(len(line) if isinstance(line, (bytes, bytearray)) else line.size for line in frame.lines) + len(
-        frame.lines
-    )
-
-
-def frames_of(lines: Iterable[bytes | LineParts], max_frame_bytes: int = MAX_FRAME_BYTES) -> Iterator[Frame]:
-    """Cut a stream of lines into frames of about ``max_frame_bytes`` (never splitting a line)."""
-    pending: list[bytes | LineParts] = []
-    size = 0
-    for line in lines:
-        pending.append(line)
-        size += (len(line) if isinstance(line, (bytes, bytearray)) else line.size) + 1
-        if size >= max_frame_bytes:
-            yield Frame(pending)
-            pending, size = [], 0
-    if pending:
-        yield Frame(pending)
 
 
 def _write_all(fd: int, buffers: tuple[bytes, ...]) -> None:

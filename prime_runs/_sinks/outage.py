@@ -128,13 +128,23 @@ class Outage:
             )
             self._probe = start_daemon(self._watch, "prime-runs-probe")
 
-    def fall_behind(self, why: str) -> None:
-        """Uploads are slower than the run logs: keep writes on disk and upload them from there, oldest first."""
+    def fall_behind(self, why: str, *, finishing: bool = False) -> None:
+        """Uploads are slower than the run logs: keep writes on disk and upload them from there, oldest first.
+
+        ``finishing``: the run finishes on a signal, and what it holds goes to disk first for that reason.
+        """
         with self._lock:
             if self._behind.is_set() or self._closed.is_set():
                 return
             self._behind.set()
-            self.backlogs += 1
+            self.backlogs += 0 if finishing else 1
+        if finishing:
+            logger.warning(
+                "%s: what is not stored goes to %s first, then is uploaded from there",
+                why,
+                self.spool.directory,
+            )
+            return
         logger.warning(
             "uploads to %s are slower than the run logs (%s); records wait in %s and are uploaded from there",
             self.client.config.base_url,

@@ -166,7 +166,7 @@ class TracesSink(Sink):
     def spill_first(self) -> bool:
         if self.outage is None:
             return False
-        self.outage.fall_behind("the run is finishing on a signal")  # the drain then has every upload slot
+        self.outage.fall_behind("the run is finishing on a signal", finishing=True)  # the drain gets every slot
         return True
 
     def count_resynced(self, on_resynced: OnResynced) -> None:
