@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from prime_runs._console.console import Console
+from prime_runs._finish.exit_hooks import finishing_at_exit
 from prime_runs._finish.finisher import Finisher
 from prime_runs._history.lane import MetricsLane
 from prime_runs._history.values import History, flatten, to_wire
@@ -415,7 +416,9 @@ class Run:
 
     def _finish_from_hook(self, status: str) -> None:
         if not self._finisher.finishing:
-            self._finisher.disk_first = True
+            # A signal (a preemption) may be followed by SIGKILL: to disk first. At exit without finish()
+            # there is no such hurry, and Python 3.12+ starts no thread then to upload from disk after.
+            self._finisher.disk_first = not finishing_at_exit()
             if status == RunStatus.CRASHED:
                 logger.warning("run %s was never finished; reporting it as crashed", self.id)
             error = "process exited without finishing the run" if status == RunStatus.CRASHED else "interrupted"

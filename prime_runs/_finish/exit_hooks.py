@@ -188,6 +188,11 @@ class ShutdownHooks:
         _end_by_signal_at_exit()
 
 
+def finishing_at_exit() -> bool:
+    """Whether the exit hook is finishing a run now (the interpreter is shutting down, not a signal)."""
+    return _exit_finishing
+
+
 class _Handling:
     """One signal being handled: the runs it finishes on helper threads, within a bound."""
 

@@ -107,7 +107,7 @@ class Finisher:
         self.finished = threading.Event()
         #: A second Ctrl-C: stop waiting for the service.
         self.stop_requested = False
-        #: Finishing on a signal or at exit: what is not stored goes to disk before anything else.
+        #: Finishing on a signal: what is not stored goes to disk before anything else.
         self.disk_first = False
         self._lock = threading.Lock()
         self._status_answered: threading.Event | None = None
