@@ -76,25 +76,28 @@ def test_a_link_slower_than_the_run_keeps_the_backlog_on_disk_and_drops_nothing(
         run.finish(timeout_s=5)
         stats = run.stats()
         counts = stats["sinks"]["traces"]
+        service.faults.link_mb_s = None
+        for thread in threading.enumerate():  # the drain finish() left ends with its request in flight
+            if thread.name == "prime-runs-resync":
+                thread.join(60)
         on_service = stored_episodes(service)
         on_disk = [r["id"] for r in local_records(run.dir, "episode")]
         assert stats["dropped"] == {} and counts["failed"] == {}
         assert counts["backlogs"] >= 1
         assert "backlog" in counts["spooled_reasons"] or counts["resynced"] > 0, counts
-        # What the link carried is stored once; all the rest is on disk.
+        # Every record is counted stored or kept on disk, and each is in one place or both: a batch whose
+        # answer finish() did not wait for (abandoned at its deadline) may be committed all the same, and is
+        # kept on disk with its key, so the sync below is answered as a replay.
+        assert 0 < counts["stored"] < 60
+        assert counts["spooled"] == 60 - counts["stored"], counts
         assert all(copies == 1 for copies in on_service.values()), on_service
-        assert 0 < len(on_service) < 60 and counts["stored"] == len(on_service)
+        assert counts["stored"] <= len(on_service)
         assert set(on_service) | set(on_disk) == set(logged)
-        assert counts["spooled"] == 60 - len(on_service)
         assert identity_holds(run)
         messages = [r.getMessage() for r in caplog.records]
         assert any("slower than the run logs" in m for m in messages)
         if counts["resynced"]:
             assert any(f"of them uploaded since) are kept in {run.dir}" in m for m in messages), messages
-        service.faults.link_mb_s = None
-        for thread in threading.enumerate():  # the drain finish() left ends with its request in flight
-            if thread.name == "prime-runs-resync":
-                thread.join(60)
         _sync(service, run.dir)
         assert stored_episodes(service) == {i: 1 for i in logged}
 
