@@ -14,6 +14,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import orjson
 import pytest
 from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     KEY,
@@ -27,6 +28,7 @@ from _wire import episode, trace
 from test_run_processes import first_line, script_env
 
 from prime_runs import cli
+from prime_runs._records.held_size import held_bytes
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._upload.queue import CALM_BELOW_FRACTION, SPILL_AT_FRACTION, RecordQueue
 from prime_traces.server import LocalTracesService
@@ -147,3 +149,42 @@ def test_a_preempted_run_is_on_disk_or_stored_before_the_kill_and_a_sync_makes_i
         service.faults.link_mb_s = None
         _sync(service, runs / run_id)
         assert stored_episodes(service) == {i: 1 for i in logged}
+
+
+def test_records_that_grow_against_a_hung_service_are_bounded_in_memory_and_kept_on_disk(isolated, tmp_path):
+    # 2,000 records of ~250 B, then 40 of ~1 MB (3.7 MB each in memory) under a 100 MB bound: the meter
+    # follows the growth from the first large record, and what the service does not take waits on disk.
+    # The small ones wait in memory (the service hangs, but the queue is far from its bounds).
+    pads = _pads(4, 100_000, seed=4)
+    small = [episode(f"small-{i}", []) for i in range(2_000)]
+    large = [episode(f"large-{i}", [trace(f"t-{i}", info={"pad": pads[i % 4]})]) for i in range(40)]
+    bound = 100_000_000
+    with LocalTracesService(tmp_path / "traces.db") as service:
+        service.faults.hang_uploads = True
+        run = online(service, dir=isolated / "runs", max_queued_bytes=bound)
+        for record in small:
+            assert run.log_episodes([record])
+        # Never set: the training loop's own pace, 10 MB/s once they grow. Past half the bound, the writes
+        # on the hung service's wire get a second (abandon_after_s) before they are kept on disk: the
+        # other half holds what the run logs meanwhile.
+        pace = threading.Event()
+        for record in large:
+            assert run.log_episodes([record])
+            pace.wait(0.1)
+        meter = run._worker.meter
+        stats = run.stats()
+        assert stats["dropped"] == {}
+        assert 0 < stats["peak_held_bytes"] <= bound
+        run.finish(timeout_s=2)
+        assert meter.held_bytes >= 0.85 * held_bytes(large[0]) > 3 * len(orjson.dumps(large[0]))
+        counts = run.stats()["sinks"]["traces"]
+        assert run.stats()["dropped"] == {} and counts["failed"] == {}
+        on_disk = [r["id"] for r in local_records(run.dir, "episode")]
+        logged = [r["id"] for r in small + large]
+        assert sorted(on_disk) == sorted(logged) and counts["spooled"] == len(logged)
+    for thread in threading.enumerate():  # the drain finish() left ends once the hung service is gone
+        if thread.name == "prime-runs-resync":
+            thread.join(60)
+    with LocalTracesService(tmp_path / "healthy.db") as healthy:
+        _sync(healthy, run.dir)
+        assert stored_episodes(healthy) == {i: 1 for i in logged}

@@ -100,7 +100,8 @@ def init(
 
     Ours on top: ``traces_url`` (the Traces service, else ``PRIME_TRACES_URL``),
     ``dir`` (the runs directory, else ``PRIME_RUNS_DIR``, else ``./prime-runs``),
-    the queue's bounds (``max_queued_records``, ``max_queued_bytes``),
+    the queue's bounds (``max_queued_records``; ``max_queued_bytes``, the
+    memory the held records take as Python objects, default 2 GiB),
     ``max_in_flight`` upload requests, ``compression``, ``finish_timeout_s``
     (the same as ``finish_timeout``; default 60 s), ``spill_timeout_s``
     (what ``finish()`` may spend writing what is left to disk),

@@ -2,11 +2,17 @@
 
 ``put`` never blocks and costs O(1) in the size of the records: it takes a
 lock only for bookkeeping, and refuses a write that does not fit, by record
-count (queued records), or by estimated bytes once the worker has measured
-some records: every record the run holds (queued, and taken by the worker
-but not yet stored, spooled or failed) times the meter's estimate, which
-follows growth at once. A write always fits when nothing is held, so no
-single write is refused for its size alone. ``take`` is the worker's side: it waits on a condition, never
+count (queued records), or by bytes of memory: every record the run holds
+(queued, and taken by the worker but not yet stored, spooled or failed),
+each write counted when it is queued at the memory the meter estimates one
+record holds as Python objects (not its JSON, a few times smaller), an
+estimate that follows growth at once. The worker feeds
+the meter as it encodes; while it lags (nothing encoded since the last
+write, or ever), ``put`` measures the write's first record itself with
+the meter's bounded sampled walk (a few ms for a 20 MB episode, µs for a
+metrics row), so the bound holds from the first record of a burst. A write
+always fits when nothing is held, so no single write is refused for its
+size alone. ``take`` is the worker's side: it waits on a condition, never
 polls.
 
 Past :data:`SPILL_AT_FRACTION` of either bound the queue sets :attr:`RecordQueue.pressure`:
@@ -20,7 +26,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +80,8 @@ class Write:
     count: int
     #: Which call of its method (per line format, from 1) this write was, for messages.
     call: int = 0
+    #: The memory its records were estimated to hold when it was queued (in the byte bound until done).
+    held_bytes: float = 0.0
 
 
 @dataclass
@@ -105,6 +113,9 @@ class RecordQueue:
         self._interrupted = False
         self.burst = DropBurst()
         self._calls: collections.Counter[str | None] = collections.Counter()
+        #: The memory the held records take (each write's estimate when it was queued), and its peak.
+        self.held_bytes = 0.0
+        self.peak_held_bytes = 0.0
         #: Set while the run holds more than SPILL_AT_FRACTION of a bound (read by sinks with a spool).
         self.pressure = threading.Event()
 
@@ -113,10 +124,15 @@ class RecordQueue:
 
         ``call`` numbers the calls of each line format from 1, accepted or not.
         The byte bound covers every record the run holds: queued, and taken
-        by the worker but not yet accounted for, at the current estimate.
+        by the worker but not yet accounted for, each write at the meter's
+        estimate of the memory one record holds when it was queued.
         """
         count = len(records)
-        size = self.meter.estimate_bytes
+        if count and isinstance(records[0], (Mapping, bytes, str)) and self.meter.lagging():
+            # Nothing was encoded since the last write (or ever): the encoder lags behind the caller, and
+            # the meter's figure may be stale or none. One record is measured here, a bounded walk.
+            self.meter.observe_held(records[0])
+        size = self.meter.held_bytes
         est = count * self.meter.mean_bytes
         with self._cond:
             self._calls[line_format] += 1
@@ -126,14 +142,16 @@ class RecordQueue:
                 reason = reasons.CLOSED
             elif self._writes and self.queued_records + count > self.max_records:
                 reason = reasons.QUEUE_FULL_RECORDS
-            elif held and size and (held + count) * size > self.max_bytes:
+            elif held and self.held_bytes + count * size > self.max_bytes:
                 reason = reasons.QUEUE_FULL_BYTES
             else:
-                self._writes.append(Write(self._next_seq, records, line_format, est, count, call))
+                self._writes.append(Write(self._next_seq, records, line_format, est, count, call, count * size))
                 self._next_seq += 1
                 self.queued_records += count
                 self.queued_bytes += est
-                if self._over(held + count, size, SPILL_AT_FRACTION):
+                self.held_bytes += count * size
+                self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+                if self._over(held + count, SPILL_AT_FRACTION):
                     self.pressure.set()
                 # All: flush() and close() wait on this condition too, and must not take the worker's wake-up.
                 self._cond.notify_all()
@@ -193,20 +211,27 @@ class RecordQueue:
         if not writes:
             return
         records = sum(w.count for w in writes)  # outside the lock: a caller's put() may be waiting for it
+        size = sum(w.held_bytes for w in writes)
         with self._cond:
             self._done_seq = max(self._done_seq, writes[-1].seq)
             self.taken_records = max(0, self.taken_records - records)
+            self._release(size)
             self._calm_down()
             self._cond.notify_all()
 
-    def _over(self, held: int, size: float, fraction: float) -> bool:
-        return held >= self.max_records * fraction or (size > 0 and held * size >= self.max_bytes * fraction)
+    def _over(self, held: int, fraction: float) -> bool:
+        return held >= self.max_records * fraction or self.held_bytes >= self.max_bytes * fraction
+
+    def _release(self, size: float) -> None:
+        # Under the lock. Nothing held is nothing held: no drift from floating-point sums.
+        nothing = not self.queued_records and not self.taken_records
+        self.held_bytes = 0.0 if nothing else max(0.0, self.held_bytes - size)
 
     def _calm_down(self) -> None:
         # Under the lock.
         if self.pressure.is_set():
             held = self.queued_records + self.taken_records
-            if not self._over(held, self.meter.estimate_bytes, CALM_BELOW_FRACTION):
+            if not self._over(held, CALM_BELOW_FRACTION):
                 self.pressure.clear()
 
     def wake(self) -> None:
@@ -268,6 +293,7 @@ class RecordQueue:
         with self._cond:
             self._done_seq = self._next_seq - 1
             self.taken_records = 0
+            self._release(0.0)
             self._calm_down()
             self._cond.notify_all()
 

@@ -135,7 +135,7 @@ class UploadWorker:
         held = queue.queued_records + queue.taken_records
         return (
             f"{what} dropped: the upload queue is full ({queue.queued_records} records queued, {held} held, "
-            f"~{held * self.meter.estimate_bytes / 1e6:.0f} MB; max_queued_records={queue.max_records}, "
+            f"~{queue.held_bytes / 1e6:.0f} MB in memory; max_queued_records={queue.max_records}, "
             f"max_queued_bytes={queue.max_bytes}); the service is slower than the run logs"
         )
 
@@ -235,11 +235,14 @@ class UploadWorker:
         return run_in_daemon(keep, f"{self.name}-keep")
 
     def stats(self) -> dict[str, Any]:
-        """Queued, stored, dropped, failed by sink and reason, submit latency."""
+        """Queued, stored, dropped, failed by sink and reason, submit latency; the memory records hold."""
         snap = self.accounting.snapshot()
+        queue = self._queue
         snap.update(
-            queued_records=self._queue.queued_records,
-            queued_bytes=int(self._queue.queued_bytes),
+            queued_records=queue.queued_records,
+            queued_bytes=int(queue.queued_bytes),
+            held_bytes=int(queue.held_bytes),
+            peak_held_bytes=int(queue.peak_held_bytes),
             in_flight_records=self._in_flight.in_flight_records(),
             retired_sinks=sorted(self.delivery.retired),
         )
