@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import zstandard
 
+from prime_runs._local.disk_budget import DiskBudget
 from prime_runs._local.segment_format import (
     DATA_KINDS,
     FRAME_HEADER,
@@ -117,12 +118,21 @@ class SegmentWriter:
         writer.close()
     """
 
-    def __init__(self, directory: str, kind: str, *, max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str,
+        kind: str,
+        *,
+        max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES,
+        budget: DiskBudget | None = None,
+    ) -> None:
         if max_segment_bytes < 1:
             raise ValueError(f"max_segment_bytes must be greater than 0, not {max_segment_bytes}")
         self.directory = directory
         self.kind = kind
         self.max_segment_bytes = max_segment_bytes
+        #: The run's disk budget, shared with its other writers: past it, a write fails as on a full disk.
+        self.budget = budget
         self._reset()
         call_in_forked_child(self._reset)
 
@@ -200,7 +210,14 @@ class SegmentWriter:
         if done.start is None or done.start[0] != self._path:
             done.start = (self._path, self._size)
         try:
-            _write_all(self._fd, entry)
+            if self.budget is not None:
+                self.budget.charge(size, self._path)
+            try:
+                _write_all(self._fd, entry)
+            except OSError:
+                if self.budget is not None:
+                    self.budget.refund(size)
+                raise
         except OSError as err:
             if err.errno != errno.ENOSPC or frame.batch or len(frame.lines) < 2:
                 raise

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from prime_runs._local.disk_budget import DiskBudget
 from prime_runs._local.segments import (
     DATA_KINDS,
     METRICS,
@@ -57,11 +58,16 @@ class RecordFiles:
         *,
         on_first_write: Callable[[str], Any] | None = None,
         max_segment_bytes: int | None = None,
+        budget: DiskBudget | None = None,
     ) -> None:
         self.directory = directory
         self.on_first_write = on_first_write
-        options = {"max_segment_bytes": max_segment_bytes} if max_segment_bytes else {}
-        self._writers = {kind: SegmentWriter(directory, kind, **options) for kind in (*DATA_KINDS, REJECTED, METRICS)}
+        #: ``max_spool_bytes``: what this process's record files may take, all kinds together.
+        self.budget = budget
+        options: dict[str, Any] = {"max_segment_bytes": max_segment_bytes} if max_segment_bytes else {}
+        self._writers = {
+            kind: SegmentWriter(directory, kind, budget=budget, **options) for kind in (*DATA_KINDS, REJECTED, METRICS)
+        }
         self._announced = False
         self._lock = threading.Lock()
 
@@ -146,7 +152,7 @@ class Spool:
                 # What fitted is kept (the writer says how many lines are durable); the rest fails, errno and path told.
                 kept = getattr(err, "durable_lines", 0)
                 ledger.spooled([group.indexes[encoded.line_records[j]] for j in range(kept)], group.reason)
-                ledger.failed(group.indexes, reasons.DISK_ERROR, str(err))
+                ledger.failed(group.indexes, reasons.disk_failure(err), str(err))
                 logger.warning("could not spool %d records to %s: %s", len(group.indexes) - kept, self.directory, err)
                 spooled += kept
                 continue

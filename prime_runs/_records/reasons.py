@@ -15,7 +15,7 @@ of three places (``submitted = stored + dropped + failed + spooled`` per sink):
     no Prime Traces): :data:`NO_SAMPLE_ROW`, :data:`SAMPLED_OUT`,
     :data:`LEGACY_UNAVAILABLE`;
   - for no fault of the record's, with nowhere to keep it: :data:`DEADLINE`,
-    :data:`SPILL_TIMEOUT`, :data:`DISK_ERROR`, :data:`SINK_RETIRED`,
+    :data:`SPILL_TIMEOUT`, :data:`DISK_ERROR`, :data:`SPOOL_FULL`, :data:`SINK_RETIRED`,
     :data:`SINK_INCOMPLETE`, ``sink_error:<exception>``,
     ``spool_error:<exception>``, ``worker_error:<exception>`` (:func:`crash`).
 
@@ -53,6 +53,8 @@ DEADLINE = "deadline"
 #: Not written to disk within ``spill_timeout_s`` after the deadline.
 SPILL_TIMEOUT = "spill_timeout"
 DISK_ERROR = "disk_error"
+#: The run's disk budget (``max_spool_bytes``) is spent.
+SPOOL_FULL = "spool_full"
 #: The sink was retired earlier in the run (refused for good, or failing write after write).
 SINK_RETIRED = "sink_retired"
 #: The sink returned without accounting for every record.
@@ -85,6 +87,11 @@ def refused(code: str | None = None, status: int | None = None) -> str:
 def crash(where: str, err: BaseException) -> str:
     """``sink_error:OSError``: a component (:data:`SINK_ERROR`, :data:`SPOOL_ERROR`, ...) crashed."""
     return f"{where}:{type(err).__name__}"
+
+
+def disk_failure(err: OSError) -> str:
+    """:data:`SPOOL_FULL` for a write past the run's disk budget, else :data:`DISK_ERROR`."""
+    return SPOOL_FULL if getattr(err, "limit_bytes", None) is not None else DISK_ERROR
 
 
 def is_own_fault(reason: str) -> bool:

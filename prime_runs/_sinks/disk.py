@@ -90,7 +90,7 @@ class DiskSink(Sink):
             rejected = {position for position, _ in encoded.errors}
             lost = [i for i in range(len(records)) if i not in rejected]
             # (the stored ones are no longer open: not counted twice); the message names errno and path
-            ledger.failed(lost, reasons.DISK_ERROR, str(err))
+            ledger.failed(lost, reasons.disk_failure(err), str(err))
             logger.warning("%s sink: records not written to %s: %s", self.name, self.directory, err)
             self.spool.keep_rejected(records, line_format, ledger)
             return SinkStatus.TRANSIENT

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prime_runs._history.lane import MetricsLane
+from prime_runs._local.disk_budget import DiskBudget
 from prime_runs._local.rundir import RunDirectory, check_run_id
 from prime_runs._local.segments import METRICS
 from prime_runs._local.spool import RecordFiles, Spool
@@ -58,10 +59,10 @@ def open_directory(root: str, run_id: str) -> RunDirectory:
     return rundir
 
 
-def offline(root: str, ranks: RankInfo, spec: RunSpec, meter: SizeMeter) -> Parts:
+def offline(root: str, ranks: RankInfo, spec: RunSpec, meter: SizeMeter, budget: DiskBudget | None = None) -> Parts:
     run_id = ranks.run_id or new_run_id()
     rundir = open_directory(root, run_id)
-    files = RecordFiles(rundir.path)
+    files = RecordFiles(rundir.path, budget=budget)
     return Parts(
         run_id=run_id,
         name=spec.name,
@@ -85,6 +86,7 @@ def online(
     save_local: bool,
     opted_out: bool,
     keep_on_disk: bool = True,
+    budget: DiskBudget | None = None,
 ) -> Parts:
     """Create or attach the run on the platform, then the sinks; the platform client belongs to the parts.
 
@@ -104,7 +106,7 @@ def online(
         abandon_after_s=_ABANDON_AFTER_S,
     )
     stamp = RunStamp(handle.id, spec.kind)
-    files = RecordFiles(rundir.path)
+    files = RecordFiles(rundir.path, budget=budget)
     context = spec.upload_context()
     sink = TracesSink(
         client,

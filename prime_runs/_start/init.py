@@ -11,6 +11,7 @@ from typing import Any
 
 from prime_runs._console.console import CONSOLE_CHOICES, Console, console_on
 from prime_runs._console.summary import destination_line
+from prime_runs._local.disk_budget import DiskBudget, default_max_spool_bytes
 from prime_runs._local.rundir import check_run_id, runs_root
 from prime_runs._local.writable import writable_problem
 from prime_runs._records.size_meter import SizeMeter
@@ -69,6 +70,7 @@ def init(
     dir: str | os.PathLike[str] | None = None,  # noqa: A002
     max_queued_records: int = DEFAULT_MAX_QUEUED_RECORDS,
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+    max_spool_bytes: int | None = None,
     max_in_flight: int = 8,
     compression: str = "auto",
     finish_timeout_s: float | None = None,
@@ -102,6 +104,8 @@ def init(
     ``dir`` (the runs directory, else ``PRIME_RUNS_DIR``, else ``./prime-runs``),
     the queue's bounds (``max_queued_records``; ``max_queued_bytes``, the
     memory the held records take as Python objects, default 2 GiB),
+    ``max_spool_bytes`` (what the run's record files may take on disk;
+    default 90% of the space free there when the run starts),
     ``max_in_flight`` upload requests, ``compression``, ``finish_timeout_s``
     (the same as ``finish_timeout``; default 60 s), ``spill_timeout_s``
     (what ``finish()`` may spend writing what is left to disk),
@@ -135,6 +139,8 @@ def init(
     # Everything is checked before anything is created on the platform.
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be 'warn' or 'raise', not {on_error!r}")
+    if max_spool_bytes is not None and max_spool_bytes < 0:
+        raise ValueError(f"max_spool_bytes must be at least 0, not {max_spool_bytes}")
     if not 1 <= max_in_flight <= MAX_IN_FLIGHT_LIMIT:
         raise ValueError(f"max_in_flight must be between 1 and {MAX_IN_FLIGHT_LIMIT}, not {max_in_flight}")
     worker_settings = WorkerSettings(
@@ -208,8 +214,10 @@ def init(
     no_disk = writable_problem(root, create=chosen == "offline" or save_local)
     if no_disk is not None and (chosen == "offline" or save_local):
         raise RunDirectoryError(root, no_disk)
+    limit = max_spool_bytes if max_spool_bytes is not None else default_max_spool_bytes(root)
+    budget = DiskBudget(limit) if limit is not None else None
     if chosen == "offline":
-        parts = assemble.offline(root, ranks, spec, meter)
+        parts = assemble.offline(root, ranks, spec, meter, budget)
     else:
         platform = PlatformClient(traces.api_key, base_url)
         try:
@@ -225,6 +233,7 @@ def init(
                 save_local=save_local,
                 opted_out=opted_out,
                 keep_on_disk=no_disk is None,
+                budget=budget,
             )
         except BaseException:
             platform.close()
