@@ -102,6 +102,7 @@ def test_an_offline_run_past_its_budget_keeps_what_fits_says_so_and_syncs_it_onc
     saved = counts["stored"]
     assert 10 < saved < 16, counts
     assert counts["failed"] == {"spool_full": 30 - saved} and run.stats()["dropped"] == {}
+    assert counts["max_spool_bytes"] == 1_000_000 and 0.9 * 1_000_000 < counts["spool_bytes"] <= 1_000_000
     assert [r["id"] for r in local_records(run.dir, "episode")] == [f"e{i}" for i in range(saved)]
     assert sum(p.stat().st_size for p in Path(run.dir).glob("episode-*.jsonl.zst")) <= 1_000_000
     err = capsys.readouterr().err
@@ -122,6 +123,7 @@ def test_an_online_backlog_past_its_budget_keeps_what_fits_and_counts_the_rest(i
     counts = run.stats()["sinks"]["traces"]
     assert 10 < counts["spooled"] < 16 and counts["stored"] == 0, counts
     assert counts["failed"] == {"spool_full": 30 - counts["spooled"]}, counts
+    assert counts["max_spool_bytes"] == 1_000_000 and 0.9 * 1_000_000 < counts["spool_bytes"] <= 1_000_000
     kept = [r["id"] for r in local_records(run.dir, "episode")]
     assert len(kept) == counts["spooled"] and len(set(kept)) == len(kept)
     assert "max_spool_bytes=1000000" in capsys.readouterr().err

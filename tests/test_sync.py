@@ -310,6 +310,22 @@ def test_sync_of_a_directory_of_runs_and_its_exit_statuses(isolated, service, ca
     assert code == 1 and "no API key" in err and "Traceback" not in err
 
 
+def test_a_stray_file_among_the_runs_is_passed_over_by_sync_and_ls(isolated, service, capsys):
+    root = isolated / "runs"
+    run = offline(root, name="beside-notes")
+    run.log_episodes(episodes("e", 3))
+    run.finish()
+    (root / "notes.txt").write_text("not a run")
+    code, out, err = sync(capsys, service, str(root))
+    assert code == 0 and "Traceback" not in err, err
+    assert f"skipped {root / 'notes.txt'}: a file, not a run directory" in err
+    assert "3 records uploaded" in out and len(stored_episodes(service)) == 3
+    assert cli.main(["ls", str(root), "--json"]) == 0
+    listed = capsys.readouterr()
+    [row] = orjson.loads(listed.out)
+    assert row["id"] == run.id and "skipped" in listed.err
+
+
 def test_ls_shows_what_is_left_and_when_it_was_synced(isolated, service, capsys, monkeypatch):
     root = isolated / "runs"
     run = offline(root, name="listed")

@@ -86,6 +86,12 @@ class RecordFiles:
                             logger.warning("could not prepare %s", self.directory, exc_info=True)
         return self._writers[kind]
 
+    def disk_stats(self) -> dict[str, int]:
+        """``spool_bytes`` this process's record files take, and their ``max_spool_bytes`` ({} without a budget)."""
+        if self.budget is None:
+            return {}
+        return {"spool_bytes": self.budget.used_bytes, "max_spool_bytes": self.budget.limit_bytes}
+
     def own_files(self) -> list[str]:
         """The record files (not the rejected ones) this process wrote here."""
         return [path for kind in DATA_KINDS for path in self._writers[kind].created]

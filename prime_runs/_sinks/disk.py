@@ -75,6 +75,10 @@ class DiskSink(Sink):
     def __repr__(self) -> str:
         return f"DiskSink(name={self.name!r}, directory={self.directory!r})"
 
+    def stats(self) -> dict[str, Any]:
+        """What the run's record files take on disk, and their budget."""
+        return dict(self.files.disk_stats())
+
     def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
         """Append ``records`` as segment entries, fsync, and report them into ``ledger``."""
         check = functools.partial(_check, line_format, time.time()) if self.validate else None

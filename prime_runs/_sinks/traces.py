@@ -188,6 +188,8 @@ class TracesSink(Sink):
         stats["routed"] = "legacy_samples" if self.routed_to_legacy else "traces"
         if self.outage is not None:
             stats.update(self.outage.snapshot())
+        if self.spool is not None:
+            stats.update(self.spool.files.disk_stats())
         return stats
 
     def close(self) -> None:

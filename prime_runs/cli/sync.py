@@ -82,6 +82,9 @@ def _fail(message: str) -> None:
 
 
 def is_run_directory(path: str) -> bool:
+    """Whether ``path`` is a run's directory (a stray file in a directory of runs is not)."""
+    if not os.path.isdir(path):
+        return False
     return os.path.isfile(os.path.join(path, RUN_FILE)) or bool(segment_files(path, (*DATA_KINDS, REJECTED, METRICS)))
 
 
@@ -94,7 +97,11 @@ def find_runs(paths: list[str]) -> tuple[list[str], list[str]]:
         elif is_run_directory(path):
             runs.append(path)
         else:
-            runs += [c for c in (os.path.join(path, n) for n in sorted(os.listdir(path))) if is_run_directory(c)]
+            for child in (os.path.join(path, n) for n in sorted(os.listdir(path))):
+                if is_run_directory(child):
+                    runs.append(child)
+                elif not os.path.isdir(child):
+                    _fail(f"skipped {child}: a file, not a run directory")
     return runs, missing
 
 
