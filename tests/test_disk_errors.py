@@ -80,7 +80,10 @@ def test_an_offline_run_on_a_full_disk_keeps_what_fits_says_errno_and_path_and_s
     isolated, small_fs, service, capsys
 ):
     records = _incompressible(60, 75_000)  # 100 KB each, 6 MB in all, on 3 MB
-    run = prime_runs.init("full", mode="offline", dir=small_fs / "runs", environments=["e"], handle_signals=False)
+    # A budget past the disk's size: the disk itself fills (the default, 90% of the free space, would stop first).
+    run = prime_runs.init(
+        "full", mode="offline", dir=small_fs / "runs", environments=["e"], handle_signals=False, max_spool_bytes=10**12
+    )
     for record in records:
         run.log_episodes([record])
     run.finish(timeout_s=FLUSH_TIMEOUT_S)
@@ -138,3 +141,19 @@ def test_metrics_rows_the_full_disk_did_not_keep_get_no_sparkline(isolated, smal
     assert (rows["stored"], rows["failed"]) == (20, 20), rows
     summary = capsys.readouterr().err.split("completed in", 1)[1]
     assert "prime-runs:   kept " in summary and "prime-runs:   lost " not in summary, summary
+
+
+def test_the_default_disk_budget_stops_a_run_short_of_filling_the_disk(isolated, small_fs, capsys):
+    stats = os.statvfs(small_fs)
+    free = stats.f_bavail * stats.f_frsize
+    run = prime_runs.init("budget", mode="offline", dir=small_fs / "runs", environments=["e"], handle_signals=False)
+    for record in _incompressible(60, 75_000):
+        run.log_episodes([record])
+    run.finish(timeout_s=FLUSH_TIMEOUT_S)
+    counts = run.stats()["sinks"]["offline"]
+    assert set(counts["failed"]) == {"spool_full"} and counts["stored"] + counts["failed"]["spool_full"] == 60
+    assert counts["max_spool_bytes"] == pytest.approx(0.9 * free, rel=0.01)
+    assert counts["spool_bytes"] <= counts["max_spool_bytes"]
+    after = os.statvfs(small_fs)
+    assert after.f_bavail * after.f_frsize > 0.05 * free  # the disk is left with room
+    assert "max_spool_bytes=" in capsys.readouterr().err
