@@ -58,8 +58,9 @@ for i in range(int(count)):
 run.finish(timeout_s=float(finish_s))
 done.set()
 traces = run.stats()["sinks"]["traces"]
+detail = {k: traces.get(k) for k in ("resynced", "backlogs", "drained_bytes", "spooled_reasons", "bytes_sent")}
 print(json.dumps({"peak_above_mb": (peak[0] - start) / 1e6, "dropped": sum(run.stats()["dropped"].values()),
-                  "stored": traces["stored"], "spooled": traces["spooled"]}))
+                  "stored": traces["stored"], "spooled": traces["spooled"], "detail": detail}))
 """
 
 
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--finish-s", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--burst", action="store_true", help="log parsed copies of four episodes, back to back")
+    parser.add_argument("--detail", action="store_true", help="print the Traces sink's backlog figures too")
     args = parser.parse_args()
     bound_mb = args.max_queued_bytes / 1e6
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,6 +103,8 @@ def main() -> None:
                         f"dropped {result['dropped']}, stored {result['stored']}, on disk {result['spooled']}",
                         flush=True,
                     )
+                    if args.detail:
+                        print(f"  {result['detail']}", flush=True)
         finally:
             serve.terminate()
             serve.wait()
