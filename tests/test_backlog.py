@@ -28,7 +28,6 @@ from _wire import episode, trace
 from test_run_processes import first_line, script_env
 
 from prime_runs import cli
-from prime_runs._records.held_size import held_bytes
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._upload.queue import CALM_BELOW_FRACTION, SPILL_AT_FRACTION, RecordQueue
 from prime_traces.server import LocalTracesService
@@ -46,6 +45,21 @@ def _pads(count: int, floats: int, seed: int) -> list[list[float]]:
 
 def _sync(service: LocalTracesService, run_dir: str | Path) -> None:
     assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, str(run_dir)]) == 0
+
+
+def test_each_write_is_charged_its_size_when_queued_so_growth_does_not_inflate_what_came_before():
+    meter = SizeMeter()
+    queue = RecordQueue(10_000, 10_000, meter)
+    meter.observe(100)  # records of 100 bytes under a bound of 10,000: a hundred fit
+    assert sum(queue.put([{"id": f"s{i}"}], "trace")[0] for i in range(150)) == 100
+    meter = SizeMeter()
+    queue = RecordQueue(10_000, 10_000, meter)
+    meter.observe(100)
+    assert all(queue.put([{"id": f"s{i}"}], "trace")[0] for i in range(50))  # 5,000 bytes held
+    meter.observe(1_000)  # the records grew tenfold
+    results = [queue.put([{"id": f"l{i}"}], "trace")[0] for i in range(8)]
+    assert results == [True] * 5 + [False] * 3  # 5,000 + 5 x 1,000; the small ones still count 100 each
+    assert queue.held_bytes == queue.peak_held_bytes == 10_000
 
 
 def test_the_queue_is_under_pressure_past_half_a_bound_and_calm_below_a_quarter():
@@ -152,13 +166,13 @@ def test_a_preempted_run_is_on_disk_or_stored_before_the_kill_and_a_sync_makes_i
 
 
 def test_records_that_grow_against_a_hung_service_are_bounded_in_memory_and_kept_on_disk(isolated, tmp_path):
-    # 2,000 records of ~250 B, then 40 of ~1 MB (3.7 MB each in memory) under a 100 MB bound: the meter
-    # follows the growth from the first large record, and what the service does not take waits on disk.
-    # The small ones wait in memory (the service hangs, but the queue is far from its bounds).
+    # 2,000 records of ~250 B, then 40 of ~1 MB under a 30 MB bound: the meter follows the growth from
+    # the first large record, the small ones before it keep their own size, and what the service does
+    # not take waits on disk. The small ones wait in memory (the service hangs, the queue is far from full).
     pads = _pads(4, 100_000, seed=4)
     small = [episode(f"small-{i}", []) for i in range(2_000)]
     large = [episode(f"large-{i}", [trace(f"t-{i}", info={"pad": pads[i % 4]})]) for i in range(40)]
-    bound = 100_000_000
+    bound = 30_000_000
     with LocalTracesService(tmp_path / "traces.db") as service:
         service.faults.hang_uploads = True
         run = online(service, dir=isolated / "runs", max_queued_bytes=bound)
@@ -176,7 +190,7 @@ def test_records_that_grow_against_a_hung_service_are_bounded_in_memory_and_kept
         assert stats["dropped"] == {}
         assert 0 < stats["peak_held_bytes"] <= bound
         run.finish(timeout_s=2)
-        assert meter.held_bytes >= 0.85 * held_bytes(large[0]) > 3 * len(orjson.dumps(large[0]))
+        assert meter.estimate_bytes >= len(orjson.dumps(large[0]))
         counts = run.stats()["sinks"]["traces"]
         assert run.stats()["dropped"] == {} and counts["failed"] == {}
         on_disk = [r["id"] for r in local_records(run.dir, "episode")]

@@ -166,7 +166,7 @@ class EncodedWrite:
                 )
                 continue
             if self.meter is not None:
-                self.meter.observe(size + 1, form)
+                self.meter.observe(size + 1)
             self.line_records.append(position)
             yield line
 

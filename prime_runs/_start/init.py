@@ -103,7 +103,7 @@ def init(
     Ours on top: ``traces_url`` (the Traces service, else ``PRIME_TRACES_URL``),
     ``dir`` (the runs directory, else ``PRIME_RUNS_DIR``, else ``./prime-runs``),
     the queue's bounds (``max_queued_records``; ``max_queued_bytes``, the
-    memory the held records take as Python objects, default 2 GiB),
+    held records' estimated encoded size, default 2 GiB),
     ``max_spool_bytes`` (what the run's record files may take on disk;
     default 90% of the space free there when the run starts),
     ``max_in_flight`` upload requests, ``compression``, ``finish_timeout_s``

@@ -2,17 +2,14 @@
 
 ``put`` never blocks and costs O(1) in the size of the records: it takes a
 lock only for bookkeeping, and refuses a write that does not fit, by record
-count (queued records), or by bytes of memory: every record the run holds
-(queued, and taken by the worker but not yet stored, spooled or failed),
-each write counted when it is queued at the memory the meter estimates one
-record holds as Python objects (not its JSON, a few times smaller), an
-estimate that follows growth at once. The worker feeds
-the meter as it encodes; while it lags (nothing encoded since the last
-write, or ever), ``put`` measures the write's first record itself with
-the meter's bounded sampled walk (a few ms for a 20 MB episode, µs for a
-metrics row), so the bound holds from the first record of a burst. A write
-always fits when nothing is held, so no single write is refused for its
-size alone. ``take`` is the worker's side: it waits on a condition, never
+count (queued records), or by estimated bytes once the worker has measured
+some records: every record the run holds (queued, and taken by the worker
+but not yet stored, spooled or failed), each write counted at the meter's
+estimate when it was queued (an estimate that follows growth at once, so
+records that grow are bounded by their new size from the first the worker
+sees, and the smaller ones before them keep their own size). A write always
+fits when nothing is held, so no single write is refused for its size
+alone. ``take`` is the worker's side: it waits on a condition, never
 polls.
 
 Past :data:`SPILL_AT_FRACTION` of either bound the queue sets :attr:`RecordQueue.pressure`:
@@ -26,7 +23,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +77,7 @@ class Write:
     count: int
     #: Which call of its method (per line format, from 1) this write was, for messages.
     call: int = 0
-    #: The memory its records were estimated to hold when it was queued (in the byte bound until done).
+    #: Its records' estimated bytes when it was queued (in the byte bound until done).
     held_bytes: float = 0.0
 
 
@@ -113,7 +110,7 @@ class RecordQueue:
         self._interrupted = False
         self.burst = DropBurst()
         self._calls: collections.Counter[str | None] = collections.Counter()
-        #: The memory the held records take (each write's estimate when it was queued), and its peak.
+        #: The estimated bytes of the held records (each write's estimate when it was queued), and its peak.
         self.held_bytes = 0.0
         self.peak_held_bytes = 0.0
         #: Set while the run holds more than SPILL_AT_FRACTION of a bound (read by sinks with a spool).
@@ -125,14 +122,10 @@ class RecordQueue:
         ``call`` numbers the calls of each line format from 1, accepted or not.
         The byte bound covers every record the run holds: queued, and taken
         by the worker but not yet accounted for, each write at the meter's
-        estimate of the memory one record holds when it was queued.
+        estimate when it was queued.
         """
         count = len(records)
-        if count and isinstance(records[0], (Mapping, bytes, str)) and self.meter.lagging():
-            # Nothing was encoded since the last write (or ever): the encoder lags behind the caller, and
-            # the meter's figure may be stale or none. One record is measured here, a bounded walk.
-            self.meter.observe_held(records[0])
-        size = self.meter.held_bytes
+        size = self.meter.estimate_bytes
         est = count * self.meter.mean_bytes
         with self._cond:
             self._calls[line_format] += 1

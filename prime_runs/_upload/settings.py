@@ -18,9 +18,8 @@ DEFAULT_TICK_INTERVAL_S = 10.0
 class WorkerSettings:
     """How much the upload worker holds, how long it spools, and how it shares the GIL.
 
-    - ``max_queued_records`` / ``max_queued_bytes``: the queue's bounds (bytes of
-      memory the held records take as Python objects, as estimated by the run's
-      size meter); a write past them is dropped and counted.
+    - ``max_queued_records`` / ``max_queued_bytes``: the queue's bounds (bytes
+      as estimated by the run's size meter); a write past them is dropped and counted.
     - ``write_cap_bytes``: the estimated bytes one write of the worker takes from the queue.
     - ``spill_timeout_s``: past ``finish()``'s deadline, how long what is left may take to reach disk.
     - ``tick_interval_s``: the period of the worker's timer.

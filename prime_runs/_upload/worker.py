@@ -135,7 +135,7 @@ class UploadWorker:
         held = queue.queued_records + queue.taken_records
         return (
             f"{what} dropped: the upload queue is full ({queue.queued_records} records queued, {held} held, "
-            f"~{queue.held_bytes / 1e6:.0f} MB in memory; max_queued_records={queue.max_records}, "
+            f"~{queue.held_bytes / 1e6:.0f} MB; max_queued_records={queue.max_records}, "
             f"max_queued_bytes={queue.max_bytes}); the service is slower than the run logs"
         )
 
@@ -235,7 +235,7 @@ class UploadWorker:
         return run_in_daemon(keep, f"{self.name}-keep")
 
     def stats(self) -> dict[str, Any]:
-        """Queued, stored, dropped, failed by sink and reason, submit latency; the memory records hold."""
+        """Queued, stored, dropped, failed by sink and reason, submit latency; the bytes the held records take."""
         snap = self.accounting.snapshot()
         queue = self._queue
         snap.update(
