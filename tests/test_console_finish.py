@@ -67,7 +67,7 @@ def test_ctrl_c_twice_during_a_hung_finish_keeps_the_records_and_ends_by_sigint(
             proc.wait()
     assert "press Ctrl-C again to stop waiting" in notice
     assert proc.returncode == -signal.SIGINT, "".join(seen) + err
-    assert ended_after < 2.0
+    assert ended_after < 10.0, ended_after  # at once, against finish()'s 120 s (a loaded machine gets room)
     assert "Traceback" not in err
     run_dir = tmp_path / "runs" / run_id
     assert sorted(e["id"] for e in local_records(run_dir, "episode")) == sorted([f"p-{i}" for i in range(20)])
