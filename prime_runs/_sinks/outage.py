@@ -49,7 +49,7 @@ FIRST_PROBE_S = 1.0
 PROBE_TIMEOUT_S = 10.0
 #: Uploads at once from disk while the run is behind a slow link. The link is the limit there: more at
 #: once only split it, so each ends later (fewer stored by a deadline) and each holds its body in memory.
-#: 60 episodes of 10 MB over 1 MB/s: 2 stored by a 10 s finish with 8 at once, 11 with 2.
+#: 60 episodes of 10 MB over 1 MB/s, a 10 s finish: 2 to 11 stored with 8 at once, 11 with 2.
 BEHIND_IN_FLIGHT = 2
 
 OnResynced = Callable[[int, int], Any]
