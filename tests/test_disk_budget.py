@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import errno
 import os
-import random
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     online,
     stored_episodes,
 )
-from _wire import episode, trace
+from test_disk_errors import _incompressible
 from test_segments import lines, read_all
 
 import prime_runs
@@ -26,14 +24,6 @@ from prime_runs._local.disk_budget import DEFAULT_FREE_SHARE, DiskBudget, SpoolB
 from prime_runs._local.segments import Frame, SegmentWriter, segment_files
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _incompressible(count: int, size: int) -> list[dict]:
-    rng = random.Random(11)
-    return [
-        episode(f"e{i}", [trace(f"e{i}-t", info={"blob": base64.b64encode(rng.randbytes(size)).decode()})])
-        for i in range(count)
-    ]
 
 
 def test_a_writer_past_its_budget_keeps_whole_lines_that_fit_and_names_the_budget(tmp_path):
