@@ -41,6 +41,7 @@ DEFAULT_BATCH_ROWS = 1_000
 DEFAULT_MAX_QUEUED_ROWS = 100_000
 MAX_BACKOFF_S = 30.0
 _FIRST_BACKOFF_S = 1.0
+_DISK_GRACE_S = 5.0  # offline, close() waits this long past its deadline for a batch being written
 # Refusals that say nothing about the rows: the batch is kept and sent again.
 _NOT_THE_ROWS = frozenset({401, 403, 404, 408, 409, 429})
 
@@ -95,9 +96,11 @@ class MetricsLane:
         self._changed = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._rows: collections.deque[dict[str, Any]] = collections.deque()
-        self._sending = 0  # rows the thread took and has not accounted for
+        self._sending = 0  # rows taken from the queue and not yet accounted for
+        self._inflight: list[dict[str, Any]] | None = None  # the batch the thread is sending, until it claims it
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._collected = False  # close() takes what is left: the thread takes no more
         self._deadline: float | None = None
         self.counts: collections.Counter[str] = collections.Counter()
         self.last_error: str | None = None
@@ -139,9 +142,20 @@ class MetricsLane:
 
     def _take(self) -> list[dict[str, Any]]:
         with self._lock:
+            if self._collected:
+                return []
             batch = [self._rows.popleft() for _ in range(min(self.batch_rows, len(self._rows)))]
             self._sending += len(batch)
+            self._inflight = batch or None
             return batch
+
+    def _claim(self, batch: list[dict[str, Any]]) -> bool:
+        """The thread's send returned: True if the batch is still its to account for, False if close() took it."""
+        with self._lock:
+            if self._inflight is not batch:
+                return False
+            self._inflight = None
+            return True
 
     def _settle(self, batch: list[dict[str, Any]], outcome: str | None) -> None:
         """Count a batch, or (``None``) put it back at the front to be sent again."""
@@ -170,6 +184,8 @@ class MetricsLane:
             self._wake.clear()
             while batch := self._take():
                 outcome = self._deliver(batch)
+                if not self._claim(batch):
+                    return  # close() wrote the batch to disk at its deadline; a late success is a harmless replay
                 if outcome is None and self._closed:
                     outcome = self._write(batch)  # finishing: what the service did not take goes to disk
                 self._settle(batch, outcome)
@@ -178,7 +194,7 @@ class MetricsLane:
                     break
                 backoff = 0.0
             with self._lock:
-                if self._closed and not self._rows:
+                if self._closed and (self._collected or not self._rows):
                     return
 
     def _deliver(self, batch: list[dict[str, Any]]) -> str | None:
@@ -240,23 +256,41 @@ class MetricsLane:
         self._wake.set()
 
     def close(self, deadline: float) -> None:
-        """Send until ``deadline`` (monotonic); then write what is left to disk. Bounded."""
+        """Send until ``deadline`` (monotonic); then write what is left to disk. Bounded.
+
+        A send still in flight at the deadline is not waited for: its rows are
+        written to disk with the rest (the service may still take them; every
+        row has a step, so the sync's replay changes nothing). A batch the
+        thread is writing to disk is waited for, up to ``_DISK_GRACE_S`` more.
+        """
         self.finish_by(deadline)
         with self._lock:
-            while self._rows or self._sending:
-                remaining = deadline - time.monotonic()
-                alive = self._thread is not None and self._thread.is_alive()
-                if remaining <= 0 or not alive:
-                    break
-                self._changed.wait(wait_slice(remaining))
+            self._wait(deadline, lambda: self._rows or self._sending)
+            self._collected = True
+            taken = self._inflight if self.send is not None else None
+            if taken is not None:
+                self._inflight = None  # already counted in _sending; the thread will not account for it
+            # A batch the thread is writing to disk now is its own: let it finish (a disk is quick or broken).
+            writing = len(taken) if taken is not None else 0
+            self._wait(time.monotonic() + _DISK_GRACE_S, lambda: self._sending > writing)
             left = list(self._rows)
             self._rows.clear()
             self._sending += len(left)
+            if taken is not None:
+                left[:0] = taken
         if left:
-            # A batch still in flight is the thread's: it writes it to disk itself if the send fails.
             self._settle(left, self._write(left))
         if self.on_closed is not None:
             try:
                 self.on_closed()
             except Exception:
                 logger.warning("closing the metrics lane failed", exc_info=True)
+
+    def _wait(self, deadline: float, busy: Callable[[], Any]) -> None:
+        # Under self._lock: while busy(), until the deadline passes or the thread is gone.
+        while busy():
+            remaining = deadline - time.monotonic()
+            alive = self._thread is not None and self._thread.is_alive()
+            if remaining <= 0 or not alive:
+                return
+            self._changed.wait(wait_slice(remaining))
