@@ -33,6 +33,7 @@ __all__ = [
     "PUBLIC_API_PATH",
     "PlatformConfig",
     "configured_platform_url",
+    "environment_platform_url",
     "resolve_platform",
     "split_api_root",
 ]
@@ -129,6 +130,10 @@ def configured_platform_url(
     *, environ: Mapping[str, str] | None = None, config_path: str | os.PathLike[str] | None = None
 ) -> str | None:
     """The platform's URL when the environment or the config file names one (``None``: the fallbacks apply)."""
+    return environment_platform_url(environ) or _file_str(_read_config_file(config_path), "base_url") or None
+
+
+def environment_platform_url(environ: Mapping[str, str] | None = None) -> str | None:
+    """The platform's URL when the environment names one (``PRIME_API_BASE_URL``, then ``PRIME_BASE_URL``)."""
     env = os.environ if environ is None else environ
-    found = env.get(ENV_PLATFORM_URL) or env.get(_ENV_PLATFORM_URL_ALIAS)
-    return found or _file_str(_read_config_file(config_path), "base_url") or None
+    return env.get(ENV_PLATFORM_URL) or env.get(_ENV_PLATFORM_URL_ALIAS) or None

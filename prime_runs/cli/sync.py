@@ -25,12 +25,13 @@ from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_files
 from prime_runs._local.sync_file import FileProgress, pending
 from prime_runs._local.sync_run import SyncReport, sync_run
+from prime_runs._local.sync_target import SyncTarget
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
 from prime_traces.cli_output import fail, print_json
 from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.errors import PrimeTracesError
-from prime_traces.platform import PlatformClient, configured_platform_url
+from prime_traces.platform import PlatformClient
 
 PROG = "prime-runs"
 EXIT_OK, EXIT_LEFT, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -56,7 +57,7 @@ def add_sync_commands(subparsers: Any) -> None:
     p.add_argument(
         "--base-url",
         default=None,
-        help=f"Traces service URL (default: the run's own, then ${ENV_TRACES_URL}, then ~/.prime/config.json)",
+        help=f"Traces service URL (default: ${ENV_TRACES_URL}, then the run's own, then ~/.prime/config.json)",
     )
     p.add_argument("--team-id", default=None, help="team to act for")
     p.set_defaults(func=run_sync)
@@ -136,15 +137,17 @@ def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str]
     rundir = RunDirectory(path)
     try:
         document = rundir.read_run() or {}
-        config = resolve_config(args.api_key, args.base_url or document.get("service_url"), args.team_id)
+        target = SyncTarget.of(args.base_url, document)
+        config = resolve_config(args.api_key, target.traces_url, args.team_id)
         if not config.api_key:
             raise PrimeRunsError(f"no API key to upload {path} with: set {ENV_API_KEY} or pass --api-key")
         key = (config.base_url, config.team_id)
         client = clients.get(key)
         if client is None:
             client = clients[key] = TracesClient(config.api_key, config.base_url, config.team_id)
-        # The platform: --base-url, then where the run lived, then the configured one, then the Traces service's.
-        platform_url = args.base_url or document.get("platform_url") or configured_platform_url() or config.base_url
+        if target.note:
+            print(f"{rundir.run_id}: {target.note}")
+        platform_url = target.platform_url or config.base_url
         platform = clients.get(("platform", platform_url))
         if platform is None:
             platform = clients[("platform", platform_url)] = PlatformClient(config.api_key, platform_url)
