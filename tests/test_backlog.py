@@ -190,7 +190,9 @@ def test_records_that_grow_against_a_hung_service_are_bounded_in_memory_and_kept
         assert stats["dropped"] == {}
         assert 0 < stats["peak_held_bytes"] <= bound
         run.finish(timeout_s=2)
-        assert meter.estimate_bytes >= len(orjson.dumps(large[0]))
+        # From the first large record the worker encodes, the meter holds their size (on a busy machine the
+        # worker may still be on the small ones when finish() keeps everything on disk).
+        assert meter.estimate_bytes >= len(orjson.dumps(large[0])) or meter.observed <= len(small), meter.observed
         counts = run.stats()["sinks"]["traces"]
         assert run.stats()["dropped"] == {} and counts["failed"] == {}
         on_disk = [r["id"] for r in local_records(run.dir, "episode")]

@@ -29,6 +29,11 @@ class SizeMeter:
         self.estimate_bytes = 0.0
         self._count = 0
 
+    @property
+    def observed(self) -> int:
+        """How many records it has measured."""
+        return self._count
+
     def observe(self, size_bytes: int) -> None:
         self._count += 1
         self.mean_bytes += (size_bytes - self.mean_bytes) / self._count

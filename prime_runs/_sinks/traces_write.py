@@ -21,9 +21,9 @@ records of a refused or failed upload:
   about ``2 * log2(n)`` extra requests per bad record, and at most ``2n - 1``
   for a batch of ``n``. Size refusals (``upload_too_large``,
   ``too_many_traces_in_upload``) are bisected even when a line is named,
-  since the line is not at fault there. A 500 is about something in the
-  request too: the batch is first sent once more as it was (a replay, if it
-  was stored before the error), then bisected.
+  since the line is not at fault there. A 500 is the service's fault until
+  a bisection locates one record while its neighbours are stored; when both
+  halves of a split fail with 500 it is an outage (``server_errors.py``).
 - The refusal is about the sink, not the records (401, 402, 403, 404, 409 or
   any other 4xx but 400/413/422, or a 400 about the request itself such as
   ``invalid_metadata``): every later request would be refused the same way.
@@ -76,6 +76,7 @@ from prime_runs._records.faults import (
 from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import EncodedWrite, RunStamp, id_of
 from prime_runs._records.sink import SinkStatus
+from prime_runs._sinks.server_errors import ServerErrors, Verdict, is_server_error
 from prime_traces.encoding import check_record
 from prime_traces.errors import UploadError
 from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
@@ -93,10 +94,6 @@ WARNING_INTERVAL_S = 60.0
 SERVICE_NOT_ENABLED = "service_not_enabled"
 #: Refusals that no later request can get past: the sink retires at once.
 PERMANENT_STATUSES = frozenset({401, 402, 403, 404})
-
-
-def _is_server_error(outcome: BatchOutcome) -> bool:
-    return getattr(outcome.error, "status_code", None) == 500
 
 
 def _then(lines: Iterable[Any], call: Callable[[], Any]) -> Iterator[Any]:
@@ -190,8 +187,8 @@ class SinkWrite:
         # at most this many records go in one request, doubling as requests
         # commit: resending everything after each bad record would cost O(N²).
         self.probe: int | None = None
-        # Batches answered 500 once (by their records' positions), sent again as they were.
-        self.server_errors: set[tuple[int, ...]] = set()
+        # Batches answered 500 (by their records' indexes): replayed, bisected, or an outage.
+        self.server_errors = ServerErrors()
 
     def run(self) -> SinkStatus:
         while self.groups and not self.cancel.is_set():
@@ -266,6 +263,7 @@ class SinkWrite:
             positions = encoded.line_records
             stored = [group[positions[j]] for j in batch.line_indexes]
             self.ledger.stored(stored, batch.size_bytes)
+            self.server_errors.stored(tuple(stored))
             self.sink.committed(stored, self.records, self.line_format)
 
         try:
@@ -311,6 +309,7 @@ class SinkWrite:
         accounted: set[int] = {position for position, _ in encoded.errors}
         resend: list[int] = []
         splits: list[list[int]] = []
+        behind: list[list[int]] = []  # answered 500, to be sent again once their split's other half is answered
         refused: list[int] = []
         sink_refusal: BatchOutcome | None = None
         transient = committed = False
@@ -319,6 +318,7 @@ class SinkWrite:
             accounted.update(batch)
             if outcome.status is BatchStatus.COMMITTED:
                 committed = True
+                self.server_errors.stored(tuple(group[p] for p in batch))
                 if outcome.index not in announced:  # committed during the abandon wait: never announced
                     self.ledger.stored([group[p] for p in batch])
                 continue
@@ -327,12 +327,21 @@ class SinkWrite:
             kind = (
                 TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome, server_error_is_record=True)
             )
-            if kind != TRANSIENT and _is_server_error(outcome) and tuple(batch) not in self.server_errors:
-                # A 500 may come after the batch was stored: first the same bytes once more (a
-                # replay if it was), and only if that fails too is it isolated like a rejection.
-                self.server_errors.add(tuple(batch))
-                splits.append(batch)
-                continue
+            if kind != TRANSIENT and is_server_error(outcome):
+                # The service's fault until a bisection locates a record (server_errors.py).
+                verdict = self.server_errors.verdict(tuple(group[p] for p in batch))
+                if verdict is Verdict.REPLAY:
+                    splits.append(batch)
+                    continue
+                if verdict is Verdict.BEHIND_SIBLING:
+                    behind.append(batch)
+                    continue
+                if verdict is Verdict.SPLIT:
+                    first, _ = self.server_errors.halves(tuple(group[p] for p in batch))
+                    splits += [batch[: len(first)], batch[len(first) :]]
+                    continue
+                if verdict is Verdict.OUTAGE:
+                    kind = TRANSIENT
             if kind == TRANSIENT:
                 # Sent, fate unknown (the answer never came, or retries ran out or were cut
                 # short): kept as this very batch, so a later sync replays it if it was stored.
@@ -367,7 +376,7 @@ class SinkWrite:
 
         if sink_refusal is not None:
             # Every later request would be refused alike: the rest of the write is kept for a sync.
-            left = refused + resend + [p for s in splits for p in s]
+            left = refused + resend + [p for s in splits + behind for p in s]
             if sink_refusal.code == SERVICE_NOT_ENABLED and self.sink.route_to_legacy():
                 # The account has no Prime Traces: this write's records, and every later one, go to the legacy tables.
                 rest = sorted([group[p] for p in left] + [i for g in self.groups for i in g])
@@ -388,7 +397,7 @@ class SinkWrite:
             # The service failed for good: the rest of the write waits on disk, not in a retry cycle
             # per batch, and so does every write until the probe sees the service back. No strike.
             self.sink.outage.enter(self.sample or "uploads failed after their retries")
-            self.groups.extendleft([[group[p] for p in sorted(resend + [p for s in splits for p in s])]])
+            self.groups.extendleft([[group[p] for p in sorted(resend + [p for s in splits + behind for p in s])]])
             self._wait_out_outage()
             return
         if transient:
@@ -401,7 +410,8 @@ class SinkWrite:
             return
         if report.stopped:
             # The uploads fell behind: what was not sent goes back in line, and the next turn keeps it on disk.
-            follow = [[group[p] for p in s] for s in splits] + ([[group[p] for p in resend]] if resend else [])
+            follow = [[group[p] for p in s] for s in splits + behind]
+            follow += [[group[p] for p in resend]] if resend else []
             self.groups.extendleft(reversed(follow))
             return
         if resend and not report.batches:
@@ -414,3 +424,14 @@ class SinkWrite:
         if resend:
             follow.append([group[p] for p in resend])
         self.groups.extendleft(reversed(follow))
+        for batch in behind:
+            self._queue_behind_sibling([group[p] for p in batch])
+
+    def _queue_behind_sibling(self, indexes: list[int]) -> None:
+        # Right after the group of the other half of its split; first in line if that is not queued.
+        sibling = self.server_errors.sibling(tuple(indexes))
+        at = next((n for n, g in enumerate(self.groups) if sibling is not None and tuple(g) == sibling), None)
+        if at is None:
+            self.groups.appendleft(indexes)
+        else:
+            self.groups.insert(at + 1, indexes)
