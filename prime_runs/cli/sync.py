@@ -26,6 +26,7 @@ from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_fi
 from prime_runs._local.sync_file import FileProgress, pending
 from prime_runs._local.sync_run import SyncReport, sync_run
 from prime_runs._local.sync_target import SyncTarget
+from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
 from prime_traces.cli_output import fail, print_json
@@ -60,6 +61,14 @@ def add_sync_commands(subparsers: Any) -> None:
         help=f"Traces service URL (default: ${ENV_TRACES_URL}, then the run's own, then ~/.prime/config.json)",
     )
     p.add_argument("--team-id", default=None, help="team to act for")
+    p.add_argument(
+        "--timeout-s",
+        type=_positive_seconds,
+        default=DEFAULT_SYNC_TIMEOUT_S,
+        metavar="S",
+        help=f"give up after S seconds without progress, exit status 1 (default {DEFAULT_SYNC_TIMEOUT_S:g}); "
+        "while it waits, sync says so every 30 s",
+    )
     p.set_defaults(func=run_sync)
     p = subparsers.add_parser(
         "ls",
@@ -76,6 +85,16 @@ def add_sync_commands(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run_ls)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, not {text}")
+    return value
 
 
 def _fail(message: str) -> None:
@@ -117,13 +136,19 @@ def run_sync(args: argparse.Namespace) -> int:
         return EXIT_OK
     clients: dict[tuple[str, str], Any] = {}
     outcome = EXIT_OK
+    watch = SyncWatch(args.timeout_s, lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True))
     try:
         for path in runs:
-            report = _sync_one(path, args, clients)
+            report = _sync_one(path, args, clients, watch)
             if report is None or not report.complete:
                 outcome = EXIT_LEFT
             elif report.rejected_total and outcome == EXIT_OK:
                 outcome = EXIT_REJECTED
+    except SyncTimedOut as err:
+        again = " ".join(args.paths) if args.paths else ""
+        _fail(f"{err}; run prime-runs sync {again} again to upload the rest (nothing is uploaded twice)")
+        _fail(f"(a slower service may need more time: --timeout-s, now {args.timeout_s:g})")
+        return EXIT_LEFT
     except KeyboardInterrupt:
         _fail("interrupted; run prime-runs sync again to upload the rest (nothing is uploaded twice)")
         return 130
@@ -133,7 +158,9 @@ def run_sync(args: argparse.Namespace) -> int:
     return outcome
 
 
-def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str], Any]) -> SyncReport | None:
+def _sync_one(
+    path: str, args: argparse.Namespace, clients: dict[tuple[str, str], Any], watch: SyncWatch
+) -> SyncReport | None:
     rundir = RunDirectory(path)
     try:
         document = rundir.read_run() or {}
@@ -152,10 +179,23 @@ def _sync_one(path: str, args: argparse.Namespace, clients: dict[tuple[str, str]
         if platform is None:
             platform = clients[("platform", platform_url)] = PlatformClient(config.api_key, platform_url)
         progress = Progress(rundir.run_id)
+
+        def started(records: int, size: int) -> None:
+            watch.progress()
+            progress.start(records, size)
+
+        def advanced(records: int, size: int) -> None:
+            watch.progress()
+            progress.advance(records, size)
+
         try:
-            report = sync_run(rundir, client, platform, on_start=progress.start, on_progress=progress.advance)
+            report = watch.run(
+                lambda: sync_run(rundir, client, platform, on_start=started, on_progress=advanced), config.base_url
+            )
         finally:
             progress.close()
+    except SyncTimedOut:
+        raise
     except (PrimeRunsError, PrimeTracesError, OSError, ValueError) as err:
         _fail(f"{path}: {err}")
         return None
