@@ -122,6 +122,8 @@ class Run:
         if metrics is not None:
             metrics.on_lost = self._forget_rows  # the summary's sparklines show only rows that were kept
         self._on_error = on_error
+        #: This process's record files closed whole, ``{name: [bytes, lines]}``: a sync tells damage from a tear.
+        self._sealed_files: Callable[[], dict[str, list[int]]] = dict
         self._next_step = 0
         self._first_error: SinkError | None = None
         self._finisher = Finisher(
@@ -361,6 +363,7 @@ class Run:
             "attached": self._attached,
             "spec": self._spec.to_dict() if self._spec is not None else None,
             "counters": self.stats(),
+            "sealed_files": self._sealed_files(),
         }
 
     # -- waiting (bounded) ---------------------------------------------------

@@ -99,7 +99,8 @@ def test_an_offline_run_on_a_full_disk_keeps_what_fits_says_errno_and_path_and_s
     err = capsys.readouterr().err
     assert "[Errno 28] No space left on device" in err and str(small_fs) in err, err
     subprocess.run(["mount", "-o", "remount,size=20m", str(small_fs)], check=True)  # room for sync.json
-    assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, run.dir]) == 0, capsys.readouterr().err
+    assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, run.dir]) == 4, capsys.readouterr().err
+    assert f"the run itself could not keep (disk_error: {60 - saved})" in capsys.readouterr().out
     assert stored_episodes(service) == {f"e{i}": 1 for i in range(saved)}
 
 

@@ -222,6 +222,7 @@ def test_torn_tails_are_cut_reported_and_every_whole_entry_uploaded(isolated, se
     run.flush()
     run.log_episodes(episodes("b", 5))
     run.finish()
+    _as_if_its_writer_died(run.dir)
     [path] = segment_files(run.dir, ["episode"])
     entries = scan(path).entries
     tail = _TORN_TAILS[how]
@@ -236,6 +237,14 @@ def test_torn_tails_are_cut_reported_and_every_whole_entry_uploaded(isolated, se
     assert code == 0, err
     assert f"{path} ended in a torn entry" in err and f"kept the {len(kept)} whole lines" in err
     assert sorted(stored_episodes(service)) == sorted(e["id"] for e in kept)
+
+
+def _as_if_its_writer_died(run_dir: str) -> None:
+    """``run.json`` as a process that died before closing its files leaves it: no file known closed whole."""
+    rundir = RunDirectory(run_dir)
+    document = rundir.read_run()
+    assert document is not None and document["sealed_files"], document
+    rundir.write_run({**document, "sealed_files": {}})
 
 
 def _client(svc: LocalTracesService) -> TracesClient:
@@ -335,12 +344,13 @@ def test_ls_shows_what_is_left_and_when_it_was_synced(isolated, service, capsys,
     capsys.readouterr()
     assert cli.main(["ls"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["NAME", "ID", "STATUS", "RECORDS", "LEFT", "BYTES", "LEFT", "LAST", "SYNC"]
+    assert out[0].split() == ["NAME", "ID", "STATUS", "RECORDS", "LEFT", "BYTES", "LEFT", "DAMAGED", "LAST", "SYNC"]
     assert out[1].split()[:4] == ["listed", run.id, "completed", "7"] and out[1].endswith("never")
+    assert out[1].split()[6] == "0"
     sync(capsys, service, run.dir)
     assert cli.main(["ls", str(root), "--json"]) == 0
     [row] = orjson.loads(capsys.readouterr().out)
-    assert (row["records_left"], row["bytes_left"], row["status"]) == (0, 0, "completed")
+    assert (row["records_left"], row["bytes_left"], row["status"], row["records_damaged"]) == (0, 0, "completed", 0)
     assert row["last_sync"] is not None
 
 
@@ -478,9 +488,9 @@ def test_an_entry_that_no_longer_decodes_loses_only_its_own_lines(isolated, serv
     with open(path, "r+b") as handle:  # the disk lost the middle entry's pages
         handle.seek(middle.data_offset + 8)
         handle.write(b"\0" * (middle.data_bytes - 8))
-    for _ in range(2):
+    for _ in range(2):  # damage: a distinct exit status, the same at every sync
         code, out, _err = sync(capsys, service, str(run_dir))
-        assert code == 1 and "5 records in damaged entries cannot be read" in out
+        assert code == 4 and "5 records lost to damage on disk" in out
     stored = stored_episodes(service)
     assert stored == {i: 1 for i in [f"a{n}" for n in range(50)] + [f"c{n}" for n in range(5)]}
     with service.state.store.reader() as conn:

@@ -44,6 +44,7 @@ class RunFile:
         self.created_at = time.time()
         self._lock = threading.Lock()
         self._warned = False
+        self._earlier_sealed: dict[str, Any] = {}
 
     def activate(self) -> bool:
         """Own the directory and write ``run.json``; False when another live process owns it."""
@@ -58,6 +59,8 @@ class RunFile:
                 return False
             if earlier and isinstance(earlier.get("created_at"), (int, float)):
                 self.created_at = float(earlier["created_at"])  # the same run, resumed
+            if earlier and isinstance(earlier.get("sealed_files"), dict):
+                self._earlier_sealed = dict(earlier["sealed_files"])  # an earlier process's files stay known
             self.active = True
         self.save()
         return True
@@ -73,6 +76,7 @@ class RunFile:
             return
         document = {
             **current,
+            "sealed_files": {**self._earlier_sealed, **(current.get("sealed_files") or {})},
             "created_at": self.created_at,
             "updated_at": time.time(),
             "owner": {"host": host_label(), "pid": os.getpid()},

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from prime_runs._local.damage import Damage, check_sealed, sealed_sizes
 from prime_runs._local.segment_reader import Scan, scan
 from prime_runs._local.segments import (
     DATA_KINDS,
@@ -272,12 +273,28 @@ class RunDirectory:
     def metrics_segments(self) -> list[str]:
         return segment_files(self.path, (METRICS,))
 
-    def recover(self) -> list[Scan]:
-        """Cut torn tails off every segment no live process holds; the scans of those that had one."""
+    def recover(self, damaged: list[Damage] | None = None) -> list[Scan]:
+        """Cut torn tails off every segment no live process holds; the scans of those that had one.
+
+        A record file ``run.json`` says was closed whole and that now reads
+        fewer lines is damage, not a tear: its unreadable bytes are set aside
+        (``damage.py``) and it is added to ``damaged``.
+        """
         torn = []
+        try:
+            sealed = sealed_sizes(self.read_run())
+        except (PrimeRunsError, OSError):
+            sealed = {}
         for directory in (self.path, self.local_path):
             for path in segment_files(directory, (*DATA_KINDS, REJECTED, METRICS)):
                 try:
+                    written = sealed.get(os.path.basename(path)) if directory == self.path else None
+                    damage = check_sealed(path, *written) if written is not None else None
+                    if damage is not None:
+                        logger.warning("%s", damage.describe())
+                        if damaged is not None:
+                            damaged.append(damage)
+                        continue
                     result = scan(path, repair=True)
                 except OSError as err:
                     logger.warning("cannot check %s for a torn tail: %s", path, err)

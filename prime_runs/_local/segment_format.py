@@ -30,8 +30,11 @@ DATA_KINDS = ("episode", "trace")
 REJECTED = "rejected"
 #: A run's metrics history rows (``{step, time, metrics}``), kept offline or when the service did not take them.
 METRICS = "metrics"
-#: Lines are cut into frames of about this many uncompressed bytes (a batch entry is never cut).
-MAX_FRAME_BYTES = 16 * 1024**2
+#: Lines are cut into frames of about this many uncompressed bytes, or this many lines, whichever comes
+#: first (a batch entry is never cut): a byte the disk changes loses one frame, so frames stay small. Against
+#: 16 MiB frames, 1 MiB / 100 lines cost 1-2 % of zstd's ratio on generated episodes, and no speed.
+MAX_FRAME_BYTES = 1024**2
+MAX_FRAME_LINES = 100
 ZSTD_LEVEL = 1
 
 META_MAGIC = 0x184D2A5E  # a zstd skippable frame: decoders pass over it
@@ -113,14 +116,16 @@ def frame_bytes(frame: Frame) -> int:
     )
 
 
-def frames_of(lines: Iterable[bytes | LineParts], max_frame_bytes: int = MAX_FRAME_BYTES) -> Iterator[Frame]:
-    """Cut a stream of lines into frames of about ``max_frame_bytes`` (never splitting a line)."""
+def frames_of(
+    lines: Iterable[bytes | LineParts], max_frame_bytes: int = MAX_FRAME_BYTES, max_frame_lines: int = MAX_FRAME_LINES
+) -> Iterator[Frame]:
+    """Cut a stream of lines into frames of about ``max_frame_bytes`` or ``max_frame_lines``, never splitting one."""
     pending: list[bytes | LineParts] = []
     size = 0
     for line in lines:
         pending.append(line)
         size += (len(line) if isinstance(line, (bytes, bytearray)) else line.size) + 1
-        if size >= max_frame_bytes:
+        if size >= max_frame_bytes or len(pending) >= max_frame_lines:
             yield Frame(pending)
             pending, size = [], 0
     if pending:

@@ -37,6 +37,7 @@ from prime_runs._local.segment_format import (
     DATA_KINDS,
     FRAME_HEADER,
     MAX_FRAME_BYTES,
+    MAX_FRAME_LINES,
     MAX_META_BYTES,
     META_MAGIC,
     METRICS,
@@ -71,6 +72,7 @@ __all__ = [
     "DEFAULT_MAX_SEGMENT_BYTES",
     "FRAME_HEADER",
     "MAX_FRAME_BYTES",
+    "MAX_FRAME_LINES",
     "MAX_META_BYTES",
     "META_MAGIC",
     "METRICS",
@@ -150,6 +152,9 @@ class SegmentWriter:
         self._pid = os.getpid()
         self._path: str | None = None
         self._size = 0
+        self._lines = 0
+        #: Files closed whole (rolled over or closed): their size in bytes and lines, for ``run.json``.
+        self.sealed: dict[str, tuple[int, int]] = {}
         self._next_seq = 1
         self._close_requested = False
         self._failed_path: str | None = None
@@ -192,7 +197,7 @@ class SegmentWriter:
             finally:
                 if self._close_requested:
                     self._close_requested = False
-                    self._close_file()
+                    self._close_file(seal=True)
         return written
 
     def _append_frame(self, frame: Frame, done: Durable) -> int:
@@ -203,7 +208,7 @@ class SegmentWriter:
         if self._fd is not None and self._size and self._size + size > self.max_segment_bytes:
             os.fsync(self._fd)  # rolling over: every frame before this one is on disk
             done.fsynced = (done.lines, done.bytes)
-            self._close_file()
+            self._close_file(seal=True)
         if self._fd is None:
             self._open_next()
         assert self._fd is not None
@@ -229,6 +234,7 @@ class SegmentWriter:
                 Frame(frame.lines[half:]), done
             )
         self._size += size
+        self._lines += len(frame.lines)
         done.lines += len(frame.lines)
         done.bytes += frame_bytes(frame)
         return size
@@ -292,13 +298,16 @@ class SegmentWriter:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # never an empty file left behind
             raise
-        self._fd, self._path, self._size = fd, path, 0
+        self._fd, self._path, self._size, self._lines = fd, path, 0, 0
         self.created.append(path)
 
-    def _close_file(self) -> None:
+    def _close_file(self, *, seal: bool = False) -> None:
+        # ``seal``: the file ends on a whole entry, all of it fsynced (a rollover or a close after an append).
         if self._fd is not None:
+            if seal and self._path is not None and self._size:
+                self.sealed[self._path] = (self._size, self._lines)
             os.close(self._fd)
-        self._fd, self._path, self._size = None, None, 0
+        self._fd, self._path, self._size, self._lines = None, None, 0, 0
 
     def close(self) -> None:
         """Close the current file (the next append starts a new one); never waits for an append."""
@@ -307,7 +316,7 @@ class SegmentWriter:
         if self._lock.acquire(blocking=False):
             try:
                 self._close_requested = False
-                self._close_file()
+                self._close_file(seal=True)
             finally:
                 self._lock.release()
 

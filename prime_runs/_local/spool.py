@@ -92,6 +92,14 @@ class RecordFiles:
             return {}
         return {"spool_bytes": self.budget.used_bytes, "max_spool_bytes": self.budget.limit_bytes}
 
+    def sealed(self) -> dict[str, list[int]]:
+        """This process's record files closed whole: ``{file name: [bytes, lines]}`` (for ``run.json``)."""
+        return {
+            os.path.basename(path): [size, lines]
+            for kind in DATA_KINDS
+            for path, (size, lines) in list(self._writers[kind].sealed.items())
+        }
+
     def own_files(self) -> list[str]:
         """The record files (not the rejected ones) this process wrote here."""
         return [path for kind in DATA_KINDS for path in self._writers[kind].created]

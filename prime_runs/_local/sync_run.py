@@ -25,10 +25,12 @@ from typing import Any
 
 import orjson
 
+from prime_runs._local.damage import Damage
 from prime_runs._local.rundir import RunDirectory, check_run_id
 from prime_runs._local.segment_reader import Scan, iter_entry_lines, scan
 from prime_runs._local.segments import REJECTED, SegmentWriter
 from prime_runs._local.sync_file import FileProgress, FileSync, OnProgress, SyncStopped
+from prime_runs._records import reasons
 from prime_runs._records.lines import RunStamp, restamped
 from prime_runs._service.platform_runs import PlatformRuns, runs_for, spec_from_document
 from prime_runs._service.updates import describe_error
@@ -59,6 +61,10 @@ class SyncReport:
     left_bytes: int = 0
     unreadable: int = 0
     torn: list[Scan] = field(default_factory=list)
+    #: Record files that read fewer lines than their writer closed them with (``damage.py``).
+    damaged: list[Damage] = field(default_factory=list)
+    #: Records the run itself could not keep anywhere (dropped, a disk error...), by reason, from ``run.json``.
+    lost_by_run: dict[str, int] = field(default_factory=dict)
     status: str | None = None
     errors: list[str] = field(default_factory=list)
     #: The sync stopped because the service failed (it may answer later), not because it refused.
@@ -73,9 +79,19 @@ class SyncReport:
         return self.left == 0 and not self.errors
 
     @property
+    def lost_to_damage(self) -> int:
+        """Records kept on disk once that no longer read: entries that do not decode, files cut short."""
+        return self.unreadable + sum(d.lost for d in self.damaged)
+
+    @property
+    def lost(self) -> int:
+        """Records that will never reach the service from here: lost to damage, or by the run itself."""
+        return self.lost_to_damage + sum(self.lost_by_run.values())
+
+    @property
     def complete(self) -> bool:
         """Everything but the records set aside is on the service."""
-        return self.uploaded_all and self.unreadable == 0
+        return self.uploaded_all and self.lost == 0
 
 
 def sync_run(
@@ -102,6 +118,24 @@ def sync_run(
         return _RunSync(rundir, client, platform, on_file_progress).run(on_start, on_progress, only)
     finally:
         rundir.unlock_sync()
+
+
+def lost_by_run(document: dict[str, Any] | None) -> dict[str, int]:
+    """What ``run.json``'s counters say the run lost for good, by reason: dropped at its queue, or failed for no
+    fault of the record's in a sink of record (not the ``local`` copy); rejections are kept aside, not lost."""
+    counters = (document or {}).get("counters")
+    if not isinstance(counters, dict):
+        return {}
+    lost: dict[str, int] = {}
+    places = [counters.get("dropped")]
+    sinks = counters.get("sinks")
+    if isinstance(sinks, dict):
+        places += [sink.get("failed") for name, sink in sinks.items() if name != "local" and isinstance(sink, dict)]
+    for counts in places:
+        for reason, count in (counts if isinstance(counts, dict) else {}).items():
+            if isinstance(count, int) and count > 0 and not reasons.is_own_fault(str(reason)):
+                lost[str(reason)] = lost.get(str(reason), 0) + count
+    return lost
 
 
 def _restamp(stamp: RunStamp, line: bytes, line_format: str) -> bytes:
@@ -153,7 +187,8 @@ class _RunSync:
         self.rundir.write_sync(self.state)
 
     def run(self, on_start: Any, on_progress: OnProgress | None, only: Collection[str] | None) -> SyncReport:
-        self.report.torn = self.rundir.recover()
+        self.report.torn = self.rundir.recover(self.report.damaged)
+        self.report.lost_by_run = lost_by_run(self.document)
         kind = run_kind(self.rundir, self.document)
         context = spec_from_document(self.document or {}, kind).upload_context()
         if self.platform is not None:

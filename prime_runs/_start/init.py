@@ -268,6 +268,7 @@ def init(
         release=platform.close if platform is not None else None,
         platform_url=platform.config.api_prefix if platform is not None else None,
     )
+    run._sealed_files = parts.files.sealed
     if chosen == "online":
         parts.files.on_first_write = run._directory_needed
     if chosen == "offline" or save_local:

@@ -2,8 +2,10 @@
 
 ``sync`` exits 0 when every record of every run is on the service, 3 when
 everything is except records the service (or the run itself) refused, which
-stay in the runs' ``rejected-*.jsonl.zst`` files, 1 when something is left to
-upload (run it again), and 2 for a bad command line. ``ls`` exits 0, 2 for a
+stay in the runs' ``rejected-*.jsonl.zst`` files, 4 when everything that
+still reads is but records were lost (damage on disk, or the run itself
+could not keep them: running it again cannot help), 1 when something is left to upload (run it again, or it gave
+up after ``--timeout-s`` without progress), and 2 for a bad command line. ``ls`` exits 0, 2 for a
 directory that does not exist and 1 when the runs cannot be read. Problems
 are one line on stderr, ``prime-runs: ...``: never a traceback, never the API
 key; with ``ls --json`` stdout gets one JSON document either way, the runs or
@@ -20,6 +22,7 @@ import sys
 from typing import Any
 
 from prime_runs._console.progress import Progress, human_bytes
+from prime_runs._local.damage import check_sealed, sealed_sizes
 from prime_runs._local.rundir import RUN_FILE, RunDirectory, runs_root
 from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_files
@@ -35,7 +38,7 @@ from prime_traces.errors import PrimeTracesError
 from prime_traces.platform import PlatformClient
 
 PROG = "prime-runs"
-EXIT_OK, EXIT_LEFT, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+EXIT_OK, EXIT_LEFT, EXIT_USAGE, EXIT_REJECTED, EXIT_LOST = 0, 1, 2, 3, 4
 EXIT_UNREADABLE = 1  # ls: the runs could not be read
 
 
@@ -46,7 +49,9 @@ def add_sync_commands(subparsers: Any) -> None:
         description="Upload runs kept on local disk (offline runs, and what an online run could not "
         "deliver) to the Traces service, exactly once: an interrupted or repeated sync uploads "
         "only what is missing. Exit status: 0 all uploaded; 3 all uploaded but records the service "
-        "refused (kept in rejected-*.jsonl.zst); 1 something left to upload (run it again).",
+        "refused (kept in rejected-*.jsonl.zst); 4 all that is left uploaded, but records were lost (damage on "
+        "disk, or the run itself could not keep them: running sync again will not help); 1 something left to "
+        "upload (run it again).",
     )
     p.add_argument(
         "paths",
@@ -140,8 +145,10 @@ def run_sync(args: argparse.Namespace) -> int:
     try:
         for path in runs:
             report = _sync_one(path, args, clients, watch)
-            if report is None or not report.complete:
+            if report is None or not report.uploaded_all:
                 outcome = EXIT_LEFT
+            elif report.lost and outcome != EXIT_LEFT:
+                outcome = EXIT_LOST
             elif report.rejected_total and outcome == EXIT_OK:
                 outcome = EXIT_REJECTED
     except SyncTimedOut as err:
@@ -205,6 +212,8 @@ def _sync_one(
             f"bytes, kept the {torn.lines} whole lines before it",
             file=sys.stderr,
         )
+    for damage in report.damaged:
+        _fail(f"{report.run_id}: {damage.describe()}")
     for error in report.errors:
         _fail(f"{report.run_id}: {error}")
     print(_summary(report, config.base_url))
@@ -226,8 +235,14 @@ def _summary(report: SyncReport, url: str) -> str:
         text += f"; status {report.status}"
     if report.left:
         text += f"; {records(report.left)} left: run prime-runs sync {report.path} again"
-    if report.unreadable:
-        text += f"; {records(report.unreadable)} in damaged entries cannot be read (the log says where)"
+    if report.lost_to_damage:
+        text += (
+            f"; {records(report.lost_to_damage)} lost to damage on disk (entries that do not read, files cut short:"
+            " running sync again cannot bring them back; stderr says where)"
+        )
+    if report.lost_by_run:
+        by_reason = ", ".join(f"{reason}: {count}" for reason, count in sorted(report.lost_by_run.items()))
+        text += f"; {records(sum(report.lost_by_run.values()))} the run itself could not keep ({by_reason})"
     if report.rejected_total:
         text += (
             f"; {records(report.rejected_total)} refused"
@@ -259,15 +274,23 @@ def describe_run(path: str) -> dict[str, Any]:
             "status": f"unreadable: {err}",
             "records_left": None,
             "bytes_left": None,
+            "records_damaged": None,
             "last_sync": None,
         }
     service = document.get("service_url") or state.get("last_service")
     mine = state.get("services", {}).get(service, {}) if service else {}
     files = mine.get("files", {})
-    records = size = 0
+    sealed = sealed_sizes(document)
+    records = size = damaged = 0
     for segment in rundir.data_segments():
-        left = pending(scan(segment, verify_last=False), FileProgress.load(files.get(os.path.basename(segment))))
+        name = os.path.basename(segment)
+        progress = FileProgress.load(files.get(name))
+        left = pending(scan(segment, verify_last=False), progress)
         records, size = records + left[0], size + left[1]
+        damaged += progress.unreadable_lines()
+        if name in sealed:
+            damage = check_sealed(segment, *sealed[name], repair=False)
+            damaged += damage.lost if damage is not None else 0
     last = mine.get("last_sync", {}).get("at")
     return {
         "path": path,
@@ -276,6 +299,7 @@ def describe_run(path: str) -> dict[str, Any]:
         "status": local_status(rundir, document) if document else "unknown",
         "records_left": records,
         "bytes_left": size,
+        "records_damaged": damaged,
         "last_sync": last,
     }
 
@@ -297,7 +321,7 @@ def run_ls(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs in {root}")
         return EXIT_OK
-    table = [("NAME", "ID", "STATUS", "RECORDS LEFT", "BYTES LEFT", "LAST SYNC")]
+    table = [("NAME", "ID", "STATUS", "RECORDS LEFT", "BYTES LEFT", "DAMAGED", "LAST SYNC")]
     for row in rows:
         when = row["last_sync"]
         table.append(
@@ -307,6 +331,7 @@ def run_ls(args: argparse.Namespace) -> int:
                 row["status"],
                 str(row["records_left"]),
                 human_bytes(row["bytes_left"] or 0),
+                str(row["records_damaged"] or 0),
                 datetime.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") if when else "never",
             )
         )
