@@ -16,6 +16,9 @@ metadata), records were lost after they were kept. That is damage:
 
 An entry whose frame no longer decodes (its checksum fails) is counted by
 the sync itself (``unreadable`` in ``sync.json``), and is damage too.
+
+Records the run itself never kept anywhere (:func:`lost_by_run`) are the
+other loss a sync reports: no file holds them, so it can only count them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import fsync_directory
+from prime_runs._records import reasons
 
 #: Bytes copied at a time when setting a damaged tail aside.
 _COPY_BYTES = 1024**2
@@ -126,3 +130,21 @@ def _set_aside(path: str, start: int, end: int) -> str:
         raise
     fsync_directory(os.path.dirname(path) or ".")
     return aside
+
+
+def lost_by_run(document: dict[str, Any] | None) -> dict[str, int]:
+    """What ``run.json``'s counters say the run lost for good, by reason: dropped at its queue, or failed for no
+    fault of the record's in a sink of record (not the ``local`` copy); rejections are kept aside, not lost."""
+    counters = (document or {}).get("counters")
+    if not isinstance(counters, dict):
+        return {}
+    lost: dict[str, int] = {}
+    places = [counters.get("dropped")]
+    sinks = counters.get("sinks")
+    if isinstance(sinks, dict):
+        places += [sink.get("failed") for name, sink in sinks.items() if name != "local" and isinstance(sink, dict)]
+    for counts in places:
+        for reason, count in (counts if isinstance(counts, dict) else {}).items():
+            if isinstance(count, int) and count > 0 and not reasons.is_own_fault(str(reason)):
+                lost[str(reason)] = lost.get(str(reason), 0) + count
+    return lost

@@ -24,6 +24,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -57,6 +58,7 @@ FORMAT_VERSION = 1
 _OWNER_LOCK = ".owner.lock"
 _SYNC_LOCK = ".sync.lock"
 _TMP_SUFFIX = ".tmp"
+_LOCK_POLL_S = 0.05  # how often a sync waiting for another one's lock tries again
 
 
 def check_run_id(run_id: str, source: str) -> str:
@@ -228,13 +230,24 @@ class RunDirectory:
         finally:
             os.close(fd)
 
-    def lock_for_sync(self) -> None:
-        """Take the lock that lets one ``sync`` at a time upload this run (until :meth:`unlock_sync`)."""
+    def lock_for_sync(self, *, wait_s: float = 0.0) -> None:
+        """Take the lock that lets one ``sync`` at a time upload this run (until :meth:`unlock_sync`).
+
+        Another sync holding it is waited for up to ``wait_s`` (a run's own
+        drain ending after ``finish()`` lets go within a second or two).
+        """
         if fcntl is None or self._sync_fd is not None:
             return
-        self._sync_fd = self._lock_file(
-            _SYNC_LOCK, f"another prime-runs sync is uploading {self.path}; wait for it to finish"
-        )
+        held = f"another prime-runs sync is uploading {self.path}; wait for it to finish"
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._sync_fd = self._lock_file(_SYNC_LOCK, held)
+                return
+            except PrimeRunsError:
+                if time.monotonic() >= deadline:
+                    raise
+            threading.Event().wait(_LOCK_POLL_S)  # flock has no timed wait
 
     def _lock_file(self, name: str, held_elsewhere: str) -> int:
         """An exclusive lock on ``name`` in the directory, held until its descriptor closes."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,6 +175,7 @@ class FileSync:
         on_progress: OnProgress | None = None,
         restamp: Callable[[bytes, str], bytes] | None = None,
         on_file_progress: Callable[[str, int, int], Any] | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         name = SegmentName.parse(os.path.basename(path))
         assert name is not None
@@ -190,6 +192,8 @@ class FileSync:
         self.on_file_progress = on_file_progress
         #: Gives a line the run's id on the service, when it was written under another (an offline run's).
         self.restamp = restamp
+        #: Once set, no new batch goes out; those in flight are abandoned with their keys (a later sync replays them).
+        self.cancel = cancel
         self.outcome = FileOutcome()
         self.total = scan.lines
         self._starts: list[int] = []
@@ -217,6 +221,8 @@ class FileSync:
             self.p.done = self.p.horizon = self.total
             self.save()
         while self.p.done < self.total:
+            if self.cancel is not None and self.cancel.is_set():
+                raise SyncStopped(f"{self.path}: stopped before it was uploaded whole", transient=True)
             if self.p.horizon is None or self.p.horizon <= self.p.done:
                 self.p.horizon = self.total
                 self.save()  # before any batch that depends on it
@@ -297,6 +303,7 @@ class FileSync:
                 on_batch=on_batch,
                 # Cut where every earlier sync of this file cut, whatever this client knows: each batch replays.
                 learn_coding=False,
+                cancel=self.cancel,
             )
         except TraceTooLargeError as err:
             self._keep_rejected(numbers[err.line_index], reasons.rejected("trace_too_large"), str(err))

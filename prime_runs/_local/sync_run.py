@@ -18,6 +18,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -25,12 +26,11 @@ from typing import Any
 
 import orjson
 
-from prime_runs._local.damage import Damage
+from prime_runs._local.damage import Damage, lost_by_run
 from prime_runs._local.rundir import RunDirectory, check_run_id
 from prime_runs._local.segment_reader import Scan, iter_entry_lines, scan
 from prime_runs._local.segments import REJECTED, SegmentWriter
 from prime_runs._local.sync_file import FileProgress, FileSync, OnProgress, SyncStopped
-from prime_runs._records import reasons
 from prime_runs._records.lines import RunStamp, restamped
 from prime_runs._service.platform_runs import PlatformRuns, runs_for, spec_from_document
 from prime_runs._service.updates import describe_error
@@ -103,6 +103,8 @@ def sync_run(
     on_progress: OnProgress | None = None,
     only: Collection[str] | None = None,
     on_file_progress: Callable[[str, int, int], Any] | None = None,
+    cancel: threading.Event | None = None,
+    wait_for_lock_s: float = 0.0,
 ) -> SyncReport:
     """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent.
 
@@ -111,31 +113,17 @@ def sync_run(
     just the record files of these names, and leave the run's lifecycle alone
     (a live run resyncing what it spooled itself: its own updates are newer
     than its ``run.json``). ``on_file_progress(line_format, records, bytes)``
-    is told what each batch stored, with the kind of its file.
+    is told what each batch stored, with the kind of its file. ``cancel``:
+    once set, no new batch is sent and those in flight are abandoned with
+    their keys after the client's ``abandon_after_s``; the sync then returns,
+    its lock released. ``wait_for_lock_s``: how long to wait for another
+    sync of this run to end before refusing.
     """
-    rundir.lock_for_sync()
+    rundir.lock_for_sync(wait_s=wait_for_lock_s)
     try:
-        return _RunSync(rundir, client, platform, on_file_progress).run(on_start, on_progress, only)
+        return _RunSync(rundir, client, platform, on_file_progress, cancel).run(on_start, on_progress, only)
     finally:
         rundir.unlock_sync()
-
-
-def lost_by_run(document: dict[str, Any] | None) -> dict[str, int]:
-    """What ``run.json``'s counters say the run lost for good, by reason: dropped at its queue, or failed for no
-    fault of the record's in a sink of record (not the ``local`` copy); rejections are kept aside, not lost."""
-    counters = (document or {}).get("counters")
-    if not isinstance(counters, dict):
-        return {}
-    lost: dict[str, int] = {}
-    places = [counters.get("dropped")]
-    sinks = counters.get("sinks")
-    if isinstance(sinks, dict):
-        places += [sink.get("failed") for name, sink in sinks.items() if name != "local" and isinstance(sink, dict)]
-    for counts in places:
-        for reason, count in (counts if isinstance(counts, dict) else {}).items():
-            if isinstance(count, int) and count > 0 and not reasons.is_own_fault(str(reason)):
-                lost[str(reason)] = lost.get(str(reason), 0) + count
-    return lost
 
 
 def _restamp(stamp: RunStamp, line: bytes, line_format: str) -> bytes:
@@ -166,9 +154,11 @@ class _RunSync:
         client: TracesClient,
         platform: PlatformClient | None,
         on_file_progress: Callable[[str, int, int], Any] | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.rundir = rundir
         self.on_file_progress = on_file_progress
+        self.cancel = cancel
         self.client = client
         self.platform = platform
         self.runs: PlatformRuns | None = None
@@ -220,6 +210,7 @@ class _RunSync:
                     on_progress=on_progress,
                     restamp=functools.partial(_restamp, stamp) if stamp is not None else None,
                     on_file_progress=self.on_file_progress,
+                    cancel=self.cancel,
                 )
             )
         records, size = (sum(x) for x in zip(*(f.left() for f in files))) if files else (0, 0)

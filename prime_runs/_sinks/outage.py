@@ -261,6 +261,7 @@ class Outage:
                 only=names,
                 on_progress=self._progress,
                 on_file_progress=self._file_progress,
+                cancel=self._closed,  # close() at finish: the drain lets go of the run's sync lock within a second
             )
         except (PrimeRunsError, PrimeTracesError, OSError, RuntimeError) as err:
             if not self._closed.is_set():

@@ -29,7 +29,7 @@ from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_fi
 from prime_runs._local.sync_file import FileProgress, pending
 from prime_runs._local.sync_run import SyncReport, sync_run
 from prime_runs._local.sync_target import SyncTarget
-from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch
+from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch, positive_seconds
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
 from prime_traces.cli_output import fail, print_json
@@ -40,6 +40,8 @@ from prime_traces.platform import PlatformClient
 PROG = "prime-runs"
 EXIT_OK, EXIT_LEFT, EXIT_USAGE, EXIT_REJECTED, EXIT_LOST = 0, 1, 2, 3, 4
 EXIT_UNREADABLE = 1  # ls: the runs could not be read
+#: A run's own drain, stopped by its finish(), lets go of the sync lock within about a second.
+_WAIT_FOR_LOCK_S = 5.0
 
 
 def add_sync_commands(subparsers: Any) -> None:
@@ -68,7 +70,7 @@ def add_sync_commands(subparsers: Any) -> None:
     p.add_argument("--team-id", default=None, help="team to act for")
     p.add_argument(
         "--timeout-s",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_SYNC_TIMEOUT_S,
         metavar="S",
         help=f"give up after S seconds without progress, exit status 1 (default {DEFAULT_SYNC_TIMEOUT_S:g}); "
@@ -90,16 +92,6 @@ def add_sync_commands(subparsers: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(func=run_ls)
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, not {text}")
-    return value
 
 
 def _fail(message: str) -> None:
@@ -197,7 +189,15 @@ def _sync_one(
 
         try:
             report = watch.run(
-                lambda: sync_run(rundir, client, platform, on_start=started, on_progress=advanced), config.base_url
+                lambda: sync_run(
+                    rundir,
+                    client,
+                    platform,
+                    on_start=started,
+                    on_progress=advanced,
+                    wait_for_lock_s=_WAIT_FOR_LOCK_S,
+                ),
+                config.base_url,
             )
         finally:
             progress.close()

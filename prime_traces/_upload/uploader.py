@@ -102,6 +102,9 @@ class Upload:
         self.next_line = 0
         self._on_batch_failed = False
         self._wake = threading.Event()
+        # The requests' own cancel: set with ``cancel``, and once batches are abandoned, so that none of them
+        # goes on retrying after this call returned (a finished run keeps no thread busy).
+        self._quit = threading.Event()
         # Batches sent and not committed (they hold their bytes), and the earliest failure.
         self._counts_lock = threading.Lock()
         self._holding = 0
@@ -147,7 +150,7 @@ class Upload:
                         break
                 pending = None
                 try:
-                    future = self.pool.submit(self.sender.send, batch, self.settings, self.cancel, True)
+                    future = self.pool.submit(self.sender.send, batch, self.settings, self._quit, True)
                 except BaseException:
                     self.sender.window.unreserve()
                     raise
@@ -161,7 +164,10 @@ class Upload:
             if not self.window and (exhausted or self.failure is not None or self._stopped()):
                 break
             if self._cancelled() or self._stopped():
+                if self._cancelled():
+                    self._quit.set()  # a request waiting to retry stops now
                 self._abandon()
+                self._quit.set()  # what is still in flight ends with its request: no retry
                 break
             watched = self.cancel is not None or self.stop is not None
             self._wake.wait(_CANCEL_CHECK_S if watched else None)
