@@ -92,3 +92,33 @@ def test_a_service_that_500s_on_one_record_sets_only_it_aside(isolated, service,
     assert [r["record"]["id"] for r in local_records(run.dir, "rejected")] == ["e13"]
     assert 4 <= len(answers) <= 2 * 6, answers
     assert glob.glob(f"{run.dir}/rejected-*")
+
+
+def test_retry_rejected_sends_the_services_refusals_again_once_and_never_a_local_one(
+    isolated, service, capsys, monkeypatch
+):
+    import prime_traces.server._upload as upload_route
+
+    original = upload_route._process
+    answers = _fail_on(monkeypatch, b'"id":"e13"')
+    run = online(service, dir=isolated / "runs", console="off", compression="none")
+    batch = episodes("e", 30)
+    local = episodes("bad", 1)[0]
+    local["info"] = {"not json": {1, 2}}  # this package's own rule refuses it: resending cannot help
+    run.log_episodes([*batch, local])
+    run.finish(timeout_s=30)
+    assert answers and run.stats()["sinks"]["traces"]["failed"] == {"rejected:http_500": 1, "invalid_record": 1}
+    by = {r["id"]: r["by"] for r in local_records(run.dir, "rejected")}
+    assert by == {"e13": "service", "bad0": "local"}
+    monkeypatch.setattr(upload_route, "_process", original)  # the service is fixed
+    args = ["sync", "--api-key", KEY, "--base-url", service.url, "--retry-rejected", str(run.dir)]
+    capsys.readouterr()
+    code = cli.main(args)
+    out, err = capsys.readouterr()
+    assert code == 3, out + err  # the local refusal stays refused
+    assert "retried 1 record the service had refused: 1 stored, 0 still refused" in out
+    assert stored_episodes(service) == {e["id"]: 1 for e in batch}
+    code = cli.main(args)
+    out, _err = capsys.readouterr()
+    assert code == 3 and "0 stored, 0 still refused (1 stored by an earlier retry)" in out
+    assert stored_episodes(service) == {e["id"]: 1 for e in batch}

@@ -108,7 +108,10 @@ class RecordFiles:
         """Keep refused records, each wrapped with why, in ``rejected-*.jsonl.zst``; never raises."""
         if not rejections:
             return
-        lines = [rejected_entry(*_lossy_json(records[r.index]), line_format, r.reason, r.message) for r in rejections]
+        lines = [
+            rejected_entry(*_lossy_json(records[r.index]), line_format, r.reason, r.message, by=_by(r.by_service))
+            for r in rejections
+        ]
         try:
             self.writer(REJECTED).append(frames_of(lines))
         except OSError as err:
@@ -232,11 +235,15 @@ def _repr(value: Any) -> str:
     return text[:_REPR_CHARS]
 
 
-def rejected_entry(record_json: bytes, record_id: str | None, line_format: str, reason: str, message: str) -> bytes:
+def rejected_entry(
+    record_json: bytes, record_id: str | None, line_format: str, reason: str, message: str, *, by: str = "local"
+) -> bytes:
     """One line of a rejected file: the record's id, format, error code, reason and message, then the record.
 
     ``code`` is the service's error code (``invalid_trace``...) or the local one
-    (``invalid_record``, ``record_too_large``); ``record_json`` must be one JSON
+    (``invalid_record``, ``record_too_large``); ``by`` is ``service`` when the
+    service refused it (``prime-runs sync --retry-rejected`` sends those again)
+    and ``local`` for this package's own rules; ``record_json`` must be one JSON
     value (it is embedded as it is).
     """
     head = orjson.dumps(
@@ -245,9 +252,14 @@ def rejected_entry(record_json: bytes, record_id: str | None, line_format: str, 
             "line_format": line_format,
             "code": reason.rpartition(":")[2],
             "reason": reason,
+            "by": by,
             "message": message,
             "rejected_at": time.time(),
             "pid": os.getpid(),
         }
     )
     return head[:-1] + b',"record":' + record_json + b"}"
+
+
+def _by(by_service: bool) -> str:
+    return "service" if by_service else "local"

@@ -306,7 +306,7 @@ class FileSync:
                 cancel=self.cancel,
             )
         except TraceTooLargeError as err:
-            self._keep_rejected(numbers[err.line_index], reasons.rejected("trace_too_large"), str(err))
+            self._keep_rejected(numbers[err.line_index], reasons.rejected("trace_too_large"), str(err), by="local")
             return
         except UploadError as err:
             self._settle(err, numbers)
@@ -316,7 +316,8 @@ class FileSync:
 
     def _settle(self, err: UploadError, numbers: list[int]) -> None:
         if isinstance(err.error, TraceTooLargeError):
-            self._keep_rejected(numbers[err.error.line_index], reasons.rejected("trace_too_large"), str(err.error))
+            too_large = reasons.rejected("trace_too_large")
+            self._keep_rejected(numbers[err.error.line_index], too_large, str(err.error), by="local")
             return
         failed = err.report.first_failure
         if failed is None:
@@ -335,7 +336,7 @@ class FileSync:
             self.p.cuts.add(batch[len(batch) // 2])
             self.save()
 
-    def _keep_rejected(self, number: int, reason: str, message: str) -> None:
+    def _keep_rejected(self, number: int, reason: str, message: str, *, by: str = "service") -> None:
         line = self._line_at(number)
         try:
             record_id = orjson.loads(line).get("id")
@@ -343,7 +344,7 @@ class FileSync:
         except (orjson.JSONDecodeError, AttributeError):
             record_id, record_json = None, orjson.dumps(line.decode("utf-8", "replace"))
         entry = rejected_entry(
-            record_json, record_id if isinstance(record_id, str) else None, self.line_format, reason, message
+            record_json, record_id if isinstance(record_id, str) else None, self.line_format, reason, message, by=by
         )
         self.rejected_writer.append([Frame([entry])])
         self.p.excluded.add(number)

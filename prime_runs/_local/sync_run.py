@@ -31,6 +31,8 @@ from prime_runs._local.rundir import RunDirectory, check_run_id
 from prime_runs._local.segment_reader import Scan, iter_entry_lines, scan
 from prime_runs._local.segments import REJECTED, SegmentWriter
 from prime_runs._local.sync_file import FileProgress, FileSync, OnProgress, SyncStopped
+from prime_runs._local.sync_rejected import RetryOutcome, retried_count
+from prime_runs._local.sync_rejected import retry_rejected as retry_rejected_records
 from prime_runs._records.lines import RunStamp, restamped
 from prime_runs._service.platform_runs import PlatformRuns, runs_for, spec_from_document
 from prime_runs._service.updates import describe_error
@@ -63,6 +65,8 @@ class SyncReport:
     torn: list[Scan] = field(default_factory=list)
     #: Record files that read fewer lines than their writer closed them with (``damage.py``).
     damaged: list[Damage] = field(default_factory=list)
+    #: What ``--retry-rejected`` did (``None``: not asked).
+    retried: RetryOutcome | None = None
     #: Records the run itself could not keep anywhere (dropped, a disk error...), by reason, from ``run.json``.
     lost_by_run: dict[str, int] = field(default_factory=dict)
     status: str | None = None
@@ -105,6 +109,7 @@ def sync_run(
     on_file_progress: Callable[[str, int, int], Any] | None = None,
     cancel: threading.Event | None = None,
     wait_for_lock_s: float = 0.0,
+    retry_rejected: bool = False,
 ) -> SyncReport:
     """Sync one run directory; ``on_start(records, bytes)`` is told what is left before anything is sent.
 
@@ -117,11 +122,14 @@ def sync_run(
     once set, no new batch is sent and those in flight are abandoned with
     their keys after the client's ``abandon_after_s``; the sync then returns,
     its lock released. ``wait_for_lock_s``: how long to wait for another
-    sync of this run to end before refusing.
+    sync of this run to end before refusing. ``retry_rejected``: send the
+    records the service set aside again (``sync_rejected.py``).
     """
     rundir.lock_for_sync(wait_s=wait_for_lock_s)
     try:
-        return _RunSync(rundir, client, platform, on_file_progress, cancel).run(on_start, on_progress, only)
+        sync = _RunSync(rundir, client, platform, on_file_progress, cancel)
+        sync.retry_rejected = retry_rejected
+        return sync.run(on_start, on_progress, only)
     finally:
         rundir.unlock_sync()
 
@@ -159,6 +167,7 @@ class _RunSync:
         self.rundir = rundir
         self.on_file_progress = on_file_progress
         self.cancel = cancel
+        self.retry_rejected = False
         self.client = client
         self.platform = platform
         self.runs: PlatformRuns | None = None
@@ -226,6 +235,19 @@ class _RunSync:
                     self.report.errors.append(str(err))
                     self.report.transient = err.transient
                     break
+            if self.retry_rejected and service_id is not None and not self.report.errors:
+                try:
+                    self.report.retried = retry_rejected_records(
+                        self.rundir.rejected_segments(),
+                        self.client,
+                        self.mine.setdefault("retried", {}),
+                        context=context,
+                        save=self.save,
+                        restamp=functools.partial(_restamp, stamp) if stamp is not None else None,
+                    )
+                except SyncStopped as err:
+                    self.report.errors.append(str(err))
+                    self.report.transient = err.transient
             if lifecycle and service_id is not None and not self.report.errors:
                 self._sync_metrics(service_id, kind)
         except (PrimeTracesError, PrimeRunsError) as err:
@@ -245,7 +267,8 @@ class _RunSync:
                 self.report.unreadable += sync.p.unreadable_lines()
         if lifecycle and service_id is not None and self.report.uploaded_all:
             self._finish_run(service_id)
-        self.report.rejected_total = sum(scan(p, verify_last=False).lines for p in self.rundir.rejected_segments())
+        set_aside = sum(scan(p, verify_last=False).lines for p in self.rundir.rejected_segments())
+        self.report.rejected_total = set_aside - retried_count(self.mine.get("retried"))
         self.mine["last_sync"] = {
             "at": time.time(),
             "complete": self.report.complete,

@@ -35,6 +35,8 @@ class Rejection:
     index: int
     reason: str
     message: str
+    #: The service refused it (``prime-runs sync --retry-rejected`` sends it again), not a local rule.
+    by_service: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,9 @@ class Ledger:
             self.first_detail = self.first_detail or detail
             self._accounting.count_failed(self.sink, len(taken), reason, detail)
 
-    def rejected(self, index: int, reason: str, message: str, record_id: str | None = None) -> None:
+    def rejected(
+        self, index: int, reason: str, message: str, record_id: str | None = None, *, by_service: bool = False
+    ) -> None:
         """Refused for its own fault (invalid, or refused by the service): counted failed, kept aside.
 
         ``message`` says why (``traces[0].logprobs[17] is NaN...``); the ledger
@@ -160,7 +164,7 @@ class Ledger:
             taken = self._settle((index,))
             if taken:
                 self.failures[reason] += 1
-                self.rejections.append(Rejection(index, reason, detail))
+                self.rejections.append(Rejection(index, reason, detail, by_service))
                 self.first_detail = self.first_detail or detail
         if taken:
             self._accounting.count_failed(self.sink, 1, reason, detail)

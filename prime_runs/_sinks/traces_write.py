@@ -213,7 +213,9 @@ class SinkWrite:
         return self.status
 
     def _reject(self, index: int, reason: str, detail: str) -> None:
-        self.ledger.rejected(index, reason, f"refused by the service: {detail}", id_of(self.records[index]))
+        self.ledger.rejected(
+            index, reason, f"refused by the service: {detail}", id_of(self.records[index]), by_service=True
+        )
         self.failures[reason] += 1
         self.sample = self.sample or detail
 

@@ -76,6 +76,12 @@ def add_sync_commands(subparsers: Any) -> None:
         help=f"give up after S seconds without progress, exit status 1 (default {DEFAULT_SYNC_TIMEOUT_S:g}); "
         "while it waits, sync says so every 30 s",
     )
+    p.add_argument(
+        "--retry-rejected",
+        action="store_true",
+        help="send again the records the service refused (not those this package's own rules refused), "
+        "each once; says how many it stored and how many are still refused",
+    )
     p.set_defaults(func=run_sync)
     p = subparsers.add_parser(
         "ls",
@@ -196,6 +202,7 @@ def _sync_one(
                     on_start=started,
                     on_progress=advanced,
                     wait_for_lock_s=_WAIT_FOR_LOCK_S,
+                    retry_rejected=args.retry_rejected,
                 ),
                 config.base_url,
             )
@@ -240,6 +247,12 @@ def _summary(report: SyncReport, url: str) -> str:
             f"; {records(report.lost_to_damage)} lost to damage on disk (entries that do not read, files cut short:"
             " running sync again cannot bring them back; stderr says where)"
         )
+    if report.retried is not None:
+        retried = report.retried
+        text += f"; retried {records(retried.stored + retried.refused)} the service had refused: "
+        text += f"{retried.stored} stored, {retried.refused} still refused"
+        if retried.stored_before:
+            text += f" ({retried.stored_before} stored by an earlier retry)"
     if report.lost_by_run:
         by_reason = ", ".join(f"{reason}: {count}" for reason, count in sorted(report.lost_by_run.items()))
         text += f"; {records(sum(report.lost_by_run.values()))} the run itself could not keep ({by_reason})"
