@@ -22,6 +22,7 @@ split in two until the line is found.
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import os
 import threading
@@ -34,10 +35,11 @@ import orjson
 from prime_runs._local.segment_reader import Entry, Scan, iter_entry_lines
 from prime_runs._local.segments import Frame, SegmentName, SegmentWriter
 from prime_runs._local.spool import rejected_entry
+from prime_runs._local.sync_server_errors import is_server_error, settle_server_error
 from prime_runs._records import reasons
 from prime_runs._records.faults import RECORD, SIZE_CODES, TRANSIENT, fault_of, outcome_text, rejection_reason
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
-from prime_traces.errors import TraceTooLargeError, UploadError
+from prime_traces.errors import NotFoundError, PrimeTracesError, TraceTooLargeError, UploadError
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +205,8 @@ class FileSync:
             first += entry.lines
         self._index = {id(entry): i for i, entry in enumerate(scan.entries)}
         self._batches = [i for i, entry in enumerate(scan.entries) if entry.batch]
+        #: Batches (their line numbers) answered 500 in this sync, and how often (``sync_server_errors.py``).
+        self.server_errors: collections.Counter[tuple[int, ...]] = collections.Counter()
 
     def left(self) -> tuple[int, int]:
         """Records and (about) uncompressed bytes not uploaded yet."""
@@ -306,7 +310,7 @@ class FileSync:
                 cancel=self.cancel,
             )
         except TraceTooLargeError as err:
-            self._keep_rejected(numbers[err.line_index], reasons.rejected("trace_too_large"), str(err), by="local")
+            self.keep_rejected(numbers[err.line_index], reasons.rejected("trace_too_large"), str(err), by="local")
             return
         except UploadError as err:
             self._settle(err, numbers)
@@ -317,11 +321,16 @@ class FileSync:
     def _settle(self, err: UploadError, numbers: list[int]) -> None:
         if isinstance(err.error, TraceTooLargeError):
             too_large = reasons.rejected("trace_too_large")
-            self._keep_rejected(numbers[err.error.line_index], too_large, str(err.error), by="local")
+            self.keep_rejected(numbers[err.error.line_index], too_large, str(err.error), by="local")
             return
         failed = err.report.first_failure
         if failed is None:
             raise SyncStopped(f"{self.path}: {err}")
+        if is_server_error(failed):
+            stop = settle_server_error(self, [numbers[j] for j in failed.line_indexes], failed)
+            if stop is not None:
+                raise SyncStopped(stop, transient=True)
+            return
         fault = fault_of(failed)
         if fault == TRANSIENT:
             raise SyncStopped(f"could not upload {self.path}: {failed.error}", transient=True)
@@ -329,14 +338,14 @@ class FileSync:
             raise SyncStopped(f"the service refused {self.path}: {outcome_text(failed)}")
         batch = [numbers[j] for j in failed.line_indexes]
         if failed.rejected_line is not None and failed.code not in SIZE_CODES:
-            self._keep_rejected(numbers[failed.rejected_line], rejection_reason(failed), outcome_text(failed))
+            self.keep_rejected(numbers[failed.rejected_line], rejection_reason(failed), outcome_text(failed))
         elif len(batch) == 1:
-            self._keep_rejected(batch[0], rejection_reason(failed), outcome_text(failed))
+            self.keep_rejected(batch[0], rejection_reason(failed), outcome_text(failed))
         else:  # no line named: split the batch until the line is found
             self.p.cuts.add(batch[len(batch) // 2])
             self.save()
 
-    def _keep_rejected(self, number: int, reason: str, message: str, *, by: str = "service") -> None:
+    def keep_rejected(self, number: int, reason: str, message: str, *, by: str = "service") -> None:
         line = self._line_at(number)
         try:
             record_id = orjson.loads(line).get("id")
@@ -357,6 +366,49 @@ class FileSync:
             record_id,
             message,
             self.rejected_writer.path,
+        )
+
+    def stored_already(self, number: int) -> bool | None:
+        """Whether the service holds the record on line ``number`` (``None``: it could not say)."""
+        try:
+            record_id = orjson.loads(self._line_at(number)).get("id")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        if not isinstance(record_id, str):
+            return None
+        try:
+            if self.line_format == "episode":
+                self.client.get_episode(record_id)
+            else:
+                self.client.get(record_id)
+        except NotFoundError:
+            return False
+        except PrimeTracesError as err:
+            logger.warning("could not ask the service whether it holds %s: %s", record_id, err)
+            return None
+        return True
+
+    def mark_stored(self, batch: list[int]) -> None:
+        """Lines the service stored though it answered an error: never sent again."""
+        self.p.uploaded.append((batch[0], batch[-1] + 1))
+        self.outcome.uploaded += len(batch)
+        self.save()
+
+    def in_batch_entry(self, number: int) -> bool:
+        """Whether line ``number`` is in a ``batch`` entry (one upload, sent whole)."""
+        [i] = self._entries_between(number, number + 1)
+        return self.scan.entries[i].batch
+
+    def send_alone(self, number: int) -> None:
+        """Upload line ``number`` by itself, as the in-order sync will once cut around it (same bytes, same key)."""
+        line = self._line_at(number)
+        self.client.upload_lines(
+            [line if self.restamp is None else self.restamp(line, self.line_format)],
+            line_format=self.line_format,
+            context=self.context,
+            target_batch_bytes=DEFAULT_TARGET_BATCH_BYTES,
+            learn_coding=False,
+            cancel=self.cancel,
         )
 
     def _line_at(self, number: int) -> bytes:
