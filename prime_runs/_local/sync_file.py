@@ -381,8 +381,11 @@ class FileSync:
                 self.client.get_episode(record_id)
             else:
                 self.client.get(record_id)
-        except NotFoundError:
-            return False
+        except NotFoundError as err:
+            if err.code in ("episode_not_found", "trace_not_found"):
+                return False
+            logger.warning("could not ask the service whether it holds %s: %s", record_id, err)
+            return None  # not the record's answer (a route the service does not have): cannot tell
         except PrimeTracesError as err:
             logger.warning("could not ask the service whether it holds %s: %s", record_id, err)
             return None
