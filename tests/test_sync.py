@@ -233,9 +233,12 @@ def test_torn_tails_are_cut_reported_and_every_whole_entry_uploaded(isolated, se
         with open(path, "ab") as handle:
             handle.write(tail)
         kept = first + episodes("b", 5)
+    before = Path(path).read_bytes()
     code, out, err = sync(capsys, service, run.dir)
     assert code == 0, err
     assert f"{path} ended in a torn entry" in err and f"kept the {len(kept)} whole lines" in err
+    # Cut off, not deleted: the file and what was set aside are the bytes it held.
+    assert Path(path).read_bytes() + Path(f"{path}.torn").read_bytes() == before
     assert sorted(stored_episodes(service)) == sorted(e["id"] for e in kept)
 
 

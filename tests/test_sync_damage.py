@@ -21,13 +21,15 @@ pytestmark = pytest.mark.timeout(120)
 EXIT_DAMAGED = 4
 
 
-def finished_run(root: Path, records: int) -> tuple[prime_runs.Run, list[str]]:
+def finished_run(root: Path, records: int, chunk: int = 10) -> tuple[prime_runs.Run, list[str]]:
     run = prime_runs.init(
         "damaged", mode="offline", dir=root, handle_signals=False, console="off",
         environments=["e"], model="m", team_id="t",
     )  # fmt: skip
     batch = episodes("e", records)
-    run.log_episodes(batch)
+    for start in range(0, records, chunk):  # entries of 10 records: a cut at half the file falls between whole ones
+        run.log_episodes(batch[start : start + chunk])
+        run.flush()
     run.finish()
     return run, [e["id"] for e in batch]
 
@@ -80,11 +82,12 @@ def test_a_file_cut_to_half_is_damage_set_aside_and_never_deleted(isolated, serv
 
 
 def test_a_flipped_byte_loses_one_small_frame_not_the_run(isolated, service, capsys):
-    run, ids = finished_run(isolated / "runs", 200)
+    run, ids = finished_run(isolated / "runs", 200, chunk=200)  # one write: cut into frames of 100 records
     [path] = segment_files(run.dir, ["episode"])
     entries = scan(path).entries
     assert len(entries) >= 2 and max(e.lines for e in entries) <= 100  # frames of at most 100 records
     hit = entries[0]
+    assert hit.lines == 100
     with open(path, "r+b") as handle:  # 100 bytes flipped inside the first frame's data
         handle.seek(hit.data_offset + hit.data_bytes // 2)
         chunk = handle.read(100)

@@ -15,7 +15,9 @@ metadata), records were lost after they were kept. That is damage:
   (running it again cannot bring those records back).
 
 An entry whose frame no longer decodes (its checksum fails) is counted by
-the sync itself (``unreadable`` in ``sync.json``), and is damage too.
+the sync itself (``unreadable`` in ``sync.json``), and is damage too. Even a
+tear's bytes are kept, in ``<file>.torn``, before they are cut off: whether
+a tail was torn or damaged, no byte a writer wrote is deleted.
 
 Records the run itself never kept anywhere (:func:`lost_by_run`) are the
 other loss a sync reports: no file holds them, so it can only count them.
@@ -101,10 +103,18 @@ def check_sealed(path: str, written_bytes: int, written_lines: int, *, repair: b
     return Damage(path, written_lines, written_bytes, found.lines, total, aside)
 
 
-def _set_aside(path: str, start: int, end: int) -> str:
-    """Copy bytes ``[start, end)`` of ``path`` to a new ``<path>.damaged`` (``.damaged-2``, ... if taken)."""
+def set_torn_tail_aside(path: str) -> str | None:
+    """Before a torn tail is cut off: its bytes copied to ``<path>.torn`` (never deleted); ``None``: no tail."""
+    found = scan(path, verify_last=True)
+    if found.live or not found.torn_bytes:
+        return None
+    return _set_aside(path, found.size, found.size + found.torn_bytes, suffix="torn")
+
+
+def _set_aside(path: str, start: int, end: int, *, suffix: str = "damaged") -> str:
+    """Copy bytes ``[start, end)`` of ``path`` to a new ``<path>.<suffix>`` (``-2``, ``-3``... if taken)."""
     for n in range(1, 1000):
-        aside = f"{path}.damaged" if n == 1 else f"{path}.damaged-{n}"
+        aside = f"{path}.{suffix}" if n == 1 else f"{path}.{suffix}-{n}"
         try:
             fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

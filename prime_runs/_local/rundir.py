@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from prime_runs._local.damage import Damage, check_sealed, sealed_sizes
+from prime_runs._local.damage import Damage, check_sealed, sealed_sizes, set_torn_tail_aside
 from prime_runs._local.segment_reader import Scan, scan
 from prime_runs._local.segments import (
     DATA_KINDS,
@@ -308,17 +308,19 @@ class RunDirectory:
                         if damaged is not None:
                             damaged.append(damage)
                         continue
+                    aside = set_torn_tail_aside(path)
                     result = scan(path, repair=True)
                 except OSError as err:
                     logger.warning("cannot check %s for a torn tail: %s", path, err)
                     continue
                 if result.torn_bytes:
                     logger.warning(
-                        "%s: %s; cut %d bytes off after the last whole entry (%d lines kept)",
+                        "%s: %s; cut %d bytes off after the last whole entry (%d lines kept; the bytes are kept in %s)",
                         path,
                         result.problem,
                         result.torn_bytes,
                         result.lines,
+                        aside,
                     )
                     torn.append(result)
         self._remove_stale_temporaries()
