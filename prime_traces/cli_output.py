@@ -51,6 +51,7 @@ __all__ = [
     "iso8601",
     "log_level",
     "no_blanks",
+    "positive_float",
     "one_line",
     "parse_command_line",
     "print_json",
@@ -161,6 +162,14 @@ def finite_float(value: str) -> float:
         number = math.nan
     if not math.isfinite(number):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    """An argparse ``type``: a finite number greater than 0 (a timeout)."""
+    number = finite_float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, not {value}")
     return number
 
 

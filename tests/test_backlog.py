@@ -25,7 +25,7 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     stored_episodes,
 )
 from _wire import episode, trace
-from test_run_processes import first_line, script_env
+from test_run_processes import first_line, script_env, spawn
 
 from prime_runs import cli
 from prime_runs._records.size_meter import SizeMeter
@@ -138,15 +138,8 @@ def test_a_preempted_run_is_on_disk_or_stored_before_the_kill_and_a_sync_makes_i
     # SIGTERM, SIGKILL 10 s later (a scheduler's grace period): 80 MB that a 1 MB/s link cannot carry in time.
     runs = tmp_path / "runs"
     with LocalTracesService(tmp_path / "traces.db", link_mb_s=1) as service:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(PREEMPTED), str(runs)],
-            env=script_env(service, tmp_path),
-            cwd=tmp_path,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        argv = [sys.executable, "-c", textwrap.dedent(PREEMPTED), str(runs)]
+        proc = spawn(argv, service, tmp_path, stdin=subprocess.PIPE)
         run_id = first_line(proc)
         proc.send_signal(signal.SIGTERM)
         try:

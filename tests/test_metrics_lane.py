@@ -43,6 +43,11 @@ class HeldSend:
             self.done.set()
 
 
+def add_rows(lane: MetricsLane, steps: range) -> None:
+    for step in steps:
+        lane.add({"step": step, "time": 0.0, "metrics": {"reward": step}})
+
+
 def lane_over(tmp_path, send: HeldSend) -> tuple[MetricsLane, RecordFiles]:
     files = RecordFiles(str(tmp_path))
     return MetricsLane(send=send, writer=lambda: files.writer("metrics"), flush_interval_s=0.01), files
@@ -51,8 +56,7 @@ def lane_over(tmp_path, send: HeldSend) -> tuple[MetricsLane, RecordFiles]:
 def test_a_send_in_flight_at_the_deadline_is_written_to_disk_and_counted_once(tmp_path):
     send = HeldSend(fail=True)
     lane, files = lane_over(tmp_path, send)
-    for step in range(50):
-        lane.add({"step": step, "time": 0.0, "metrics": {"reward": step}})
+    add_rows(lane, range(50))
     assert send.started.wait(10)
     lane.close(time.monotonic() + 0.05)  # the send outlives the deadline
     counts = lane.stats()
@@ -69,8 +73,7 @@ def test_a_send_in_flight_at_the_deadline_is_written_to_disk_and_counted_once(tm
 def test_a_send_that_lands_after_the_deadline_is_a_replay_the_sync_may_repeat(tmp_path):
     send = HeldSend(fail=False)
     lane, files = lane_over(tmp_path, send)
-    for step in range(3):
-        lane.add({"step": step, "time": 0.0, "metrics": {"reward": step}})
+    add_rows(lane, range(3))
     assert send.started.wait(10)
     lane.close(time.monotonic() + 0.05)
     send.release.set()
@@ -84,10 +87,9 @@ def test_a_send_that_lands_after_the_deadline_is_a_replay_the_sync_may_repeat(tm
 def test_rows_logged_while_a_send_is_in_flight_go_to_disk_after_it(tmp_path):
     send = HeldSend(fail=True)
     lane, files = lane_over(tmp_path, send)
-    lane.add({"step": 0, "time": 0.0, "metrics": {"reward": 0}})
+    add_rows(lane, range(1))
     assert send.started.wait(10)
-    for step in range(1, 5):
-        lane.add({"step": step, "time": 0.0, "metrics": {"reward": step}})
+    add_rows(lane, range(1, 5))
     lane.close(time.monotonic() + 0.05)
     assert (lane.stats()["spooled"], lane.stats()["queued"]) == (5, 0)
     send.release.set()
@@ -99,8 +101,7 @@ def test_rows_logged_while_a_send_is_in_flight_go_to_disk_after_it(tmp_path):
 def test_offline_close_waits_for_the_batch_the_thread_is_writing(tmp_path):
     files = RecordFiles(str(tmp_path))
     lane = MetricsLane(send=None, writer=lambda: files.writer("metrics"), flush_interval_s=0.01)
-    for step in range(20):
-        lane.add({"step": step, "time": 0.0, "metrics": {"reward": step}})
+    add_rows(lane, range(20))
     lane.close(time.monotonic())  # the deadline has passed already: what is on the way to disk still lands
     assert (lane.stats()["stored"], lane.stats()["queued"]) == (20, 0)
     files.close()

@@ -14,7 +14,7 @@ import sys
 import pytest
 from _run_helpers import REPO, stored_episodes
 from test_run_processes import PRELUDE as SCRIPT_PRELUDE
-from test_run_processes import finish_process, first_line, script_env
+from test_run_processes import finish_process, first_line, script_env, spawn
 from test_sync_kill import SYNC, KillAfter
 
 from prime_traces.server import LocalTracesService
@@ -61,15 +61,7 @@ def test_a_run_killed_while_it_uploads_what_it_kept_then_synced_stores_every_rec
     with LocalTracesService(tmp_path / "db") as service:
         service.faults.fail_status = 502
         service.faults.fail_fraction = 1.0
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SCRIPT_PRELUDE + SCRIPT],
-            env=script_env(service, tmp_path),
-            cwd=tmp_path,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = spawn([sys.executable, "-c", SCRIPT_PRELUDE + SCRIPT], service, tmp_path, stdin=subprocess.PIPE)
         run_id = first_line(proc)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "spooled"
         service.faults.fail_fraction = 0.0

@@ -50,11 +50,18 @@ def script_env(svc: LocalTracesService, home: Path, **extra: str) -> dict[str, s
 
 
 def start(script: str, svc: LocalTracesService, tmp_path: Path, **extra: str) -> subprocess.Popen[str]:
-    code = PRELUDE + textwrap.dedent(script)
+    return spawn([sys.executable, "-c", PRELUDE + textwrap.dedent(script)], svc, tmp_path, **extra)
+
+
+def spawn(
+    argv: list[str], svc: LocalTracesService, tmp_path: Path, *, stdin: int | None = None, **extra: str
+) -> subprocess.Popen[str]:
+    """``argv`` in ``tmp_path`` against ``svc``, its output piped (and its input, with ``stdin=PIPE``)."""
     return subprocess.Popen(
-        [sys.executable, "-c", code],
+        argv,
         env=script_env(svc, tmp_path, **extra),
         cwd=tmp_path,
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

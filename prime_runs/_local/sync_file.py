@@ -35,9 +35,17 @@ import orjson
 from prime_runs._local.segment_reader import Entry, Scan, iter_entry_lines
 from prime_runs._local.segments import Frame, SegmentName, SegmentWriter
 from prime_runs._local.spool import rejected_entry
-from prime_runs._local.sync_server_errors import is_server_error, settle_server_error
+from prime_runs._local.sync_server_errors import settle_server_error
 from prime_runs._records import reasons
-from prime_runs._records.faults import RECORD, SIZE_CODES, TRANSIENT, fault_of, outcome_text, rejection_reason
+from prime_runs._records.faults import (
+    RECORD,
+    SIZE_CODES,
+    TRANSIENT,
+    fault_of,
+    is_server_error,
+    outcome_text,
+    rejection_reason,
+)
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_BYTES, TracesClient
 from prime_traces.errors import NotFoundError, PrimeTracesError, TraceTooLargeError, UploadError
 

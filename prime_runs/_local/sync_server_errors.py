@@ -44,10 +44,6 @@ class FileSync(Protocol):
     def keep_rejected(self, number: int, reason: str, message: str) -> None: ...
 
 
-def is_server_error(outcome: BatchOutcome) -> bool:
-    return getattr(outcome.error, "status_code", None) == 500
-
-
 def settle_server_error(sync: FileSync, batch: list[int], failed: BatchOutcome) -> str | None:
     """A batch of ``sync``'s file (its line numbers) was answered 500: replay, cut, set aside, or stop.
 

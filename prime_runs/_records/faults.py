@@ -55,6 +55,11 @@ def fault_of(outcome: BatchOutcome, *, server_error_is_record: bool = False) -> 
     return TRANSIENT  # other statuses the client does not retry
 
 
+def is_server_error(outcome: BatchOutcome) -> bool:
+    """The upload was answered 500 (a crashed handler: no code, no line): the service's fault until located."""
+    return getattr(outcome.error, "status_code", None) == 500
+
+
 def refusal_reason(outcome: BatchOutcome) -> str:
     """The reason of a refusal about the sink (the key, the scope), not about a record."""
     return reasons.refused(outcome.code, getattr(outcome.error, "status_code", None))

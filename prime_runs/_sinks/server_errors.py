@@ -25,8 +25,6 @@ from __future__ import annotations
 import collections
 import enum
 
-from prime_traces.report import BatchOutcome
-
 Key = tuple[int, ...]
 
 
@@ -38,11 +36,6 @@ class Verdict(enum.Enum):
     SPLIT = "split"  # send its two halves
     REJECT = "reject"  # one record, located: its sibling was stored
     OUTAGE = "outage"  # the service is failing: the records wait, as in any outage
-
-
-def is_server_error(outcome: BatchOutcome) -> bool:
-    """The upload was answered 500 (a crashed handler: no code, no line)."""
-    return getattr(outcome.error, "status_code", None) == 500
 
 
 class ServerErrors:

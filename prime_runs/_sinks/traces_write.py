@@ -68,6 +68,7 @@ from prime_runs._records.faults import (
     SIZE_CODES,
     TRANSIENT,
     fault_of,
+    is_server_error,
     listed_rejections,
     outcome_text,
     refusal_reason,
@@ -76,7 +77,7 @@ from prime_runs._records.faults import (
 from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import EncodedWrite, RunStamp, id_of
 from prime_runs._records.sink import SinkStatus
-from prime_runs._sinks.server_errors import ServerErrors, Verdict, is_server_error
+from prime_runs._sinks.server_errors import ServerErrors, Verdict
 from prime_traces.encoding import check_record
 from prime_traces.errors import UploadError
 from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
@@ -320,9 +321,9 @@ class SinkWrite:
             accounted.update(batch)
             if outcome.status is BatchStatus.COMMITTED:
                 committed = True
-                self.server_errors.stored(tuple(group[p] for p in batch))
                 if outcome.index not in announced:  # committed during the abandon wait: never announced
                     self.ledger.stored([group[p] for p in batch])
+                    self.server_errors.stored(tuple(group[p] for p in batch))
                 continue
             if outcome.status is BatchStatus.UNSENT:
                 continue  # nothing sent: left open, spooled by the worker

@@ -29,10 +29,10 @@ from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_fi
 from prime_runs._local.sync_file import FileProgress, pending
 from prime_runs._local.sync_run import SyncReport, sync_run
 from prime_runs._local.sync_target import SyncTarget
-from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch, positive_seconds
+from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces.cli_output import fail, print_json
+from prime_traces.cli_output import fail, positive_float, print_json
 from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.errors import PrimeTracesError
 from prime_traces.platform import PlatformClient
@@ -70,7 +70,7 @@ def add_sync_commands(subparsers: Any) -> None:
     p.add_argument("--team-id", default=None, help="team to act for")
     p.add_argument(
         "--timeout-s",
-        type=positive_seconds,
+        type=positive_float,
         default=DEFAULT_SYNC_TIMEOUT_S,
         metavar="S",
         help=f"give up after S seconds without progress, exit status 1 (default {DEFAULT_SYNC_TIMEOUT_S:g}); "

@@ -16,7 +16,6 @@ and the files read (``started``), or a batch stored (``advanced``).
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from collections.abc import Callable
@@ -93,14 +92,3 @@ class SyncWatch:
 
 def _s(seconds: float) -> str:
     return f"{round(seconds, 1):g}"
-
-
-def positive_seconds(text: str) -> float:
-    """``--timeout-s``'s type: a number of seconds greater than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, not {text}")
-    return value
