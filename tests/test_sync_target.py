@@ -10,7 +10,7 @@ from _run_helpers import KEY, episodes, isolated, stored_episodes  # noqa: F401
 
 import prime_runs
 from prime_runs import cli
-from prime_runs._local.sync_target import SyncTarget
+from prime_runs.cli.sync_target import SyncTarget
 from prime_traces.server import LocalTracesService
 
 pytestmark = pytest.mark.timeout(120)

@@ -28,7 +28,7 @@ from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_files
 from prime_runs._local.sync_file import FileProgress, pending
 from prime_runs._local.sync_run import SyncReport, sync_run
-from prime_runs._local.sync_target import SyncTarget
+from prime_runs.cli.sync_target import SyncTarget
 from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
