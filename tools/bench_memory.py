@@ -1,7 +1,8 @@
 """Does the memory a run holds stay within ``max_queued_bytes``? Peak RSS above the start, per source tree.
 
 A child process logs ``--episodes`` generated episodes of ``--episode-mb``
-MB, each generated, logged and dropped by the caller, under
+MB, each generated, logged and dropped by the caller (``--per-call`` of
+them in one ``log_episodes()`` call, as a trainer logs a step), under
 ``max_queued_bytes``, against ``prime-traces serve --link-mb-s`` (a link
 slower than the run), then finishes with ``--finish-s``. A thread samples
 its RSS every 5 ms; the start is the RSS after ``init()``, before the first
@@ -33,7 +34,7 @@ import prime_runs
 from prime_runs.cli.workload import generate_episode
 
 import orjson
-url, runs, count, size, bound, finish_s, burst = sys.argv[1:8]
+url, runs, count, size, bound, finish_s, burst, per_call = sys.argv[1:9]
 # --burst: four episodes encoded once, each logged as a fresh orjson.loads of its bytes (a producer
 # faster than any encoder); otherwise each is generated in turn (slower than the encoder).
 target = int(float(size) * 1e6)
@@ -50,11 +51,15 @@ run = prime_runs.init("memory", environments=["e"], base_url=url, api_key="k", d
                       max_queued_bytes=int(bound))
 start = rss()
 threading.Thread(target=sample, daemon=True).start()
+batch = []
 for i in range(int(count)):
     episode = orjson.loads(texts[i % 4]) if texts else generate_episode(i, target_bytes=target)
     episode["id"] = f"ep-{i}"
-    run.log_episodes([episode])
+    batch.append(episode)
     del episode
+    if len(batch) == int(per_call) or i == int(count) - 1:
+        run.log_episodes(batch)
+        batch = []
 run.finish(timeout_s=float(finish_s))
 done.set()
 traces = run.stats()["sinks"]["traces"]
@@ -74,6 +79,7 @@ def main() -> None:
     parser.add_argument("--finish-s", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--burst", action="store_true", help="log parsed copies of four episodes, back to back")
+    parser.add_argument("--per-call", type=int, default=1, help="episodes per log_episodes() call (a step's worth)")
     parser.add_argument("--detail", action="store_true", help="print the Traces sink's backlog figures too")
     args = parser.parse_args()
     bound_mb = args.max_queued_bytes / 1e6
@@ -94,6 +100,7 @@ def main() -> None:
                         str(args.max_queued_bytes),
                         str(args.finish_s),
                         "1" if args.burst else "0",
+                        str(args.per_call),
                     ]
                     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
                     result = json.loads(out.strip().splitlines()[-1])

@@ -36,7 +36,7 @@ from prime_runs._local.segments import (
 )
 from prime_runs._records import reasons
 from prime_runs._records.ledger import Ledger, Rejection, Undelivered
-from prime_runs._records.lines import EncodedWrite, RunStamp, as_mapping
+from prime_runs._records.lines import EncodedWrite, RunStamp, as_mapping, releaser
 from prime_traces.encoding import LineParts
 
 logger = logging.getLogger(__name__)
@@ -156,7 +156,12 @@ class Spool:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             subset = [records[i] for i in group.indexes]
-            encoded = EncodedWrite(subset, line_format, self.stamp, None, ledger, indexes=group.indexes)
+            # The last sink to read the records lets go of each once it is a line (see Ledger.last_reader).
+            release = releaser(records, group.indexes) if ledger.last_reader else None
+            encoded = EncodedWrite(
+                subset, line_format, self.stamp, None, ledger, indexes=group.indexes, release=release
+            )
+            del subset
             written: list[int] = []
             try:
                 if group.batch:

@@ -108,6 +108,10 @@ class Ledger:
         #: Called by a sink (at most once) when every record of its write is encoded and only the
         #: write's last uploads are left to wait for: the worker may start the next write then.
         self.on_encoded: Callable[[], Any] | None = None
+        #: Set by the worker on the last sink's ledger: no sink reads the write's records after this one,
+        #: so it lets go of each record once it is stored or encoded onto disk (the caller's objects are
+        #: freed then, not when the whole write is done).
+        self.last_reader = False
 
     def encoded(self) -> None:
         """Tell the worker that this write needs no more encoding for now (see :attr:`on_encoded`)."""

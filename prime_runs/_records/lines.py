@@ -111,6 +111,11 @@ class EncodedWrite:
     ``indexes[i]`` is the index in the ledger's write of ``records[i]``
     (default ``i``); ``line_records[j]`` is the position in ``records`` of the
     ``j``-th line produced, so a sink can map a rejected line back.
+
+    ``release(position)``, when given, is called once a record is encoded
+    (never for a rejected one): its caller lets go of the record there, and
+    this write holds no reference to it either, so a record the caller no
+    longer holds is freed as soon as it is a line.
     """
 
     def __init__(
@@ -123,8 +128,12 @@ class EncodedWrite:
         *,
         indexes: Sequence[int] | None = None,
         check: Callable[[Mapping[str, Any]], object] | None = None,
+        release: Callable[[int], None] | None = None,
     ) -> None:
-        self.records = records
+        # With ``release``, a list of its own, whose entries it clears as it encodes them.
+        self._own: list[Any] | None = None if release is None else list(records)
+        self.records: Sequence[Any] = records if self._own is None else self._own
+        self.release = release
         self.line_format = line_format
         self.stamp = stamp
         self.meter = meter
@@ -135,46 +144,69 @@ class EncodedWrite:
         self.errors: list[tuple[int, str]] = []
 
     def __iter__(self) -> Iterator[bytes | LineParts]:
-        for position, record in enumerate(self.records):
-            index = position if self.indexes is None else self.indexes[position]
-            record_id: str | None = None
-            try:
-                form = record_form(record, index, _call_user)
-                if isinstance(form, bytes) and (self.stamp is None or carries_run(form, self.stamp)):
-                    line: bytes | LineParts = form  # already the run's: used as it is (the service checks it)
-                else:
-                    mapping = _parsed(form, index) if isinstance(form, bytes) else form
-                    record_id = id_of(mapping)
-                    if self.stamp is not None:
-                        mapping = self.stamp.apply(mapping, self.line_format)
-                    if self.check is not None:
-                        self.check(mapping)
-                    line = encode_record_parts(mapping, index)
-            except LineError as err:
-                self._invalid(position, reasons.rejected(err.code), err.message, record_id)
+        for position in range(len(self.records)):
+            line = self._line(position)  # no local here holds the record while the line waits to be pulled
+            if line is None:
                 continue
-            except BaseException as err:  # noqa: BLE001  (a user's to_record() may raise anything: it fails alone)
-                self._invalid(position, reasons.INVALID_RECORD, _cause(err, index), record_id or id_of(record))
-                continue
-            size = line_size(line)
-            if size > MAX_LINE_BYTES:
-                self._invalid(
-                    position,
-                    reasons.RECORD_TOO_LARGE,
-                    f"{size} bytes encoded, over the limit of {MAX_LINE_BYTES} for one record",
-                    record_id,
-                )
-                continue
-            if self.meter is not None:
-                self.meter.observe(size + 1)
             self.line_records.append(position)
+            if self.release is not None and self._own is not None:
+                self._own[position] = None
+                self.release(position)
             yield line
+
+    def _line(self, position: int) -> bytes | LineParts | None:
+        """The record at ``position`` as a line; None when it is rejected (the ledger is told)."""
+        record = self.records[position]
+        index = position if self.indexes is None else self.indexes[position]
+        record_id: str | None = None
+        try:
+            form = record_form(record, index, _call_user)
+            if isinstance(form, bytes) and (self.stamp is None or carries_run(form, self.stamp)):
+                line: bytes | LineParts = form  # already the run's: used as it is (the service checks it)
+            else:
+                mapping = _parsed(form, index) if isinstance(form, bytes) else form
+                record_id = id_of(mapping)
+                if self.stamp is not None:
+                    mapping = self.stamp.apply(mapping, self.line_format)
+                if self.check is not None:
+                    self.check(mapping)
+                line = encode_record_parts(mapping, index)
+        except LineError as err:
+            self._invalid(position, reasons.rejected(err.code), err.message, record_id)
+            return None
+        except BaseException as err:  # noqa: BLE001  (a user's to_record() may raise anything: it fails alone)
+            self._invalid(position, reasons.INVALID_RECORD, _cause(err, index), record_id or id_of(record))
+            return None
+        size = line_size(line)
+        if size > MAX_LINE_BYTES:
+            self._invalid(
+                position,
+                reasons.RECORD_TOO_LARGE,
+                f"{size} bytes encoded, over the limit of {MAX_LINE_BYTES} for one record",
+                record_id,
+            )
+            return None
+        if self.meter is not None:
+            self.meter.observe(size + 1)
+        return line
 
     def _invalid(self, position: int, reason: str, message: str, record_id: str | None) -> None:
         index = position if self.indexes is None else self.indexes[position]
         self.ledger.rejected(index, reason, message, record_id)
         self.errors.append((position, message))
         logger.debug("record %d not logged: %s", index, message)
+
+
+def releaser(records: Sequence[Any], indexes: Sequence[int]) -> Callable[[int], None] | None:
+    """Clear ``records[indexes[position]]`` once that record is encoded; None when ``records`` is not a list."""
+    if not isinstance(records, list):
+        return None
+    held: list[Any] = records
+
+    def release(position: int) -> None:
+        held[indexes[position]] = None
+
+    return release
 
 
 def id_of(record: Any) -> str | None:

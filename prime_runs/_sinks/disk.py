@@ -22,7 +22,7 @@ from prime_runs._local.segments import Frame, frames_of
 from prime_runs._local.spool import RecordFiles, Spool
 from prime_runs._records import reasons
 from prime_runs._records.ledger import Ledger
-from prime_runs._records.lines import EncodedWrite, RunStamp
+from prime_runs._records.lines import EncodedWrite, RunStamp, releaser
 from prime_runs._records.sink import Sink, SinkStatus
 from prime_runs._records.size_meter import SizeMeter
 from prime_traces.encoding import LineParts, check_record
@@ -82,7 +82,9 @@ class DiskSink(Sink):
     def write(self, records: Sequence[Any], line_format: str, ledger: Ledger, cancel: threading.Event) -> SinkStatus:
         """Append ``records`` as segment entries, fsync, and report them into ``ledger``."""
         check = functools.partial(_check, line_format, time.time()) if self.validate else None
-        encoded = EncodedWrite(records, line_format, self.stamp, self.meter, ledger, check=check)
+        # The last sink to read the records lets go of each once it is a line (see Ledger.last_reader).
+        release = releaser(records, range(len(records))) if ledger.last_reader else None
+        encoded = EncodedWrite(records, line_format, self.stamp, self.meter, ledger, check=check, release=release)
         written: list[tuple[int, int]] = []
         try:
             frames = frames_of(_until_cancelled(encoded, cancel))

@@ -103,6 +103,10 @@ def _then(lines: Iterable[Any], call: Callable[[], Any]) -> Iterator[Any]:
     call()
 
 
+def _keep_in_write(_position: int) -> None:
+    """An encoded record stays in its write's list, for a resend, until it is stored."""
+
+
 class FailureWarnings:
     """At most one warning about records not delivered per ``interval_s``; the rest go to debug.
 
@@ -231,6 +235,12 @@ class SinkWrite:
         if detail:
             self.sample = self.sample or detail
 
+    def _let_go(self, stored: list[int]) -> None:
+        # Stored records are never read again; the last sink to read them frees the caller's objects now.
+        if self.ledger.last_reader and isinstance(self.records, list):
+            for index in stored:
+                self.records[index] = None
+
     def _pressed(self) -> bool:
         pressure = self.sink.pressure
         return pressure is not None and pressure.is_set()
@@ -253,9 +263,13 @@ class SinkWrite:
         first_pass, self.first_pass = self.first_pass, False
         # The contract's line rules, checked here: a record the service would refuse costs no request.
         check = functools.partial(check_record, line_format=self.line_format, now=time.time())
+        # The last reader of the records holds each only in ``self.records`` while it is encoded, and
+        # lets go of it there once stored (see Ledger.last_reader); a resend takes it from there again.
+        release = _keep_in_write if self.ledger.last_reader else None
         encoded = EncodedWrite(
-            subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group, check=check
+            subset, self.line_format, self.sink.stamp, meter, self.ledger, indexes=group, check=check, release=release
         )
+        del subset
         announced: set[int] = set()
         # Once the first pass has encoded every record, the worker may start encoding the next
         # write while this one's last batches upload.
@@ -268,6 +282,7 @@ class SinkWrite:
             self.ledger.stored(stored, batch.size_bytes)
             self.server_errors.stored(tuple(stored))
             self.sink.committed(stored, self.records, self.line_format)
+            self._let_go(stored)
 
         try:
             self.sink.client.upload_lines(
@@ -324,6 +339,7 @@ class SinkWrite:
                 if outcome.index not in announced:  # committed during the abandon wait: never announced
                     self.ledger.stored([group[p] for p in batch])
                     self.server_errors.stored(tuple(group[p] for p in batch))
+                    self._let_go([group[p] for p in batch])
                 continue
             if outcome.status is BatchStatus.UNSENT:
                 continue  # nothing sent: left open, spooled by the worker

@@ -41,6 +41,7 @@ class Group:
     def add(self, write: Write) -> None:
         self.origins.add(self.count, write.line_format, write.call)
         self.records.extend(write.records)  # submit()'s own copy: exactly ``count`` records
+        write.records = ()  # the group holds them now, and its last sink lets go of each as it settles
         self.count += write.count
 
     @classmethod

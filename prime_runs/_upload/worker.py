@@ -222,6 +222,8 @@ class UploadWorker:
         # Grouped by line format: one fsync for many small writes.
         # Registered first: what the deadline finds unfinished, close() accounts for.
         entries = self._in_flight.register(Group.of(left))
+        for _, ledgers in entries:
+            ledgers[-1].last_reader = True
 
         def keep() -> None:
             try:
@@ -335,6 +337,7 @@ class UploadWorker:
             return
         # Only the last sink may let the next write start early: the sinks before it write in order.
         ledgers[-1].on_encoded = on_encoded
+        ledgers[-1].last_reader = True
         self.delivery.deliver(group.records, group.line_format, ledgers)
         self._in_flight.release(group.key)
 
