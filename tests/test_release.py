@@ -19,7 +19,7 @@ from _wire import episode, trace
 from test_traces_sink import CONTEXT, SMALL_BATCH_BYTES, STAMP, ledger_for, serving, stored_ids
 
 import prime_runs
-from prime_runs._local.spool import RecordFiles
+from prime_runs._local.spool import RecordFiles, Spool
 from prime_runs._records.lines import EncodedWrite
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._sinks.disk import DiskSink
@@ -167,3 +167,29 @@ def test_an_offline_run_frees_what_it_has_written_while_the_rest_of_the_write_is
         waiting.go.set()
         run.finish()
     assert run.stats()["sinks"]["offline"]["stored"] == 4
+
+
+def test_a_spill_frees_each_record_once_it_is_encoded_onto_disk(tmp_path):
+    # What a slow link or an outage leaves undelivered is spooled; the records go as their lines are written.
+    waiting = Waiting(episode("w", [trace("w-t0")]))
+    records: list[Any] = [*episodes(2), waiting]
+    freed = [watch(r) for r in records[:2]]
+    accounting, ledger = ledger_for(3)
+    ledger.last_reader = True
+    ledger.undelivered(range(3), "outage")
+    files = RecordFiles(str(tmp_path))
+    spool = Spool(files, STAMP)
+    spooled: list[int] = []
+    writer = threading.Thread(
+        target=lambda: spooled.append(spool.spill(records, "episode", ledger, ledger.take_undelivered("x"), None))
+    )
+    writer.start()
+    try:
+        assert waiting.reached.wait(GATE_TIMEOUT_S)
+        assert freed[0].wait(FREED_WAIT_S) and freed[1].wait(FREED_WAIT_S)
+    finally:
+        waiting.go.set()
+        writer.join(GATE_TIMEOUT_S)
+        files.close()
+    assert spooled == [3] and records == [None, None, None]
+    assert accounting.snapshot()["sinks"]["traces"]["spooled"] == 3
