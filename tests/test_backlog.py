@@ -199,11 +199,11 @@ def test_records_that_grow_against_a_hung_service_are_bounded_in_memory_and_kept
         assert stored_episodes(healthy) == {i: 1 for i in logged}
 
 
-#: What a run holds besides its queued records, stated in the README: the encoder's and the uploads'
-#: buffers, and what the allocator keeps after they are freed.
-MEMORY_CONSTANT_BYTES = 250_000_000
-#: The queue's bound counts encoded (JSON) bytes; generated episodes hold 2.8 times that as objects.
-OBJECTS_PER_JSON_BYTE = 3.0
+#: What a run holds besides its records, stated in the README: the encoder's and the uploads' buffers,
+#: the episode the caller is generating, and what the allocator keeps after they are freed.
+MEMORY_CONSTANT_BYTES = 150_000_000
+#: The issue's allowance over the bound.
+OVER_BOUND = 1.15
 
 MEMORY = """
 import json, os, sys, threading
@@ -241,8 +241,9 @@ print(json.dumps({"above": peak[0] - start, "dropped": stats["dropped"], "failed
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc")
 def test_generated_episodes_over_a_slow_link_are_all_kept_within_the_bounds_memory_and_a_constant(tmp_path):
     # 40 generated episodes of 10 MB (28 MB each as Python objects), each dropped by the caller once
-    # logged, under a 200 MB bound, over a 1 MB/s link: all kept, and RSS above the start within what
-    # the bound lets the queue hold as objects, plus the stated constant (measured: 290 to 550 MB).
+    # logged, under a 200 MB bound, over a 1 MB/s link: all kept, and RSS above the start within the
+    # bound and 15 %, plus the stated constant (measured: 320 MB; 650 to 750 MB when the queue counted
+    # JSON bytes alone and so held 2.8 times the bound's worth of objects before it went to disk).
     bound = 200_000_000
     with LocalTracesService(tmp_path / "traces.db", link_mb_s=1) as service:
         done = subprocess.run(
@@ -258,4 +259,4 @@ def test_generated_episodes_over_a_slow_link_are_all_kept_within_the_bounds_memo
     assert result["dropped"] == {} and result["failed"] == {}, result
     assert result["stored"] + result["spooled"] == 40, result
     assert 0 < result["peak_held"] <= bound, result
-    assert result["above"] <= OBJECTS_PER_JSON_BYTE * bound + MEMORY_CONSTANT_BYTES, result
+    assert result["above"] <= OVER_BOUND * bound + MEMORY_CONSTANT_BYTES, result

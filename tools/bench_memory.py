@@ -7,7 +7,9 @@ them in one ``log_episodes()`` call, as a trainer logs a step), under
 slower than the run), then finishes with ``--finish-s``. A thread samples
 its RSS every 5 ms; the start is the RSS after ``init()``, before the first
 episode. Each ``--src`` (a source tree, first the baseline) runs
-``--rounds`` times, alternating, against one service; the report gives
+``--rounds`` times, alternating, against one service, with the tree's own
+``.venv`` (``python3 -m venv .venv && .venv/bin/pip install -e
+./packaging/prime-traces -e .`` there); the report gives
 each run's peak above the start, over the bound, and what was dropped,
 stored and kept on disk.
 
@@ -31,6 +33,7 @@ from _serve import start_serve
 CHILD = """
 import json, os, sys, threading
 import prime_runs
+print(prime_runs.__file__, file=sys.stderr)
 from prime_runs.cli.workload import generate_episode
 
 import orjson
@@ -69,6 +72,19 @@ print(json.dumps({"peak_above_mb": (peak[0] - start) / 1e6, "dropped": sum(run.s
 """
 
 
+def interpreter(src: Path) -> tuple[dict[str, str], str]:
+    """The environment and Python that import ``src``'s packages: its own ``.venv`` when it has one.
+
+    An editable install of this checkout in the running interpreter would win
+    over ``PYTHONPATH``, so a tree is measured with its own virtualenv.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    own = src / ".venv" / "bin" / "python"
+    if own.exists():
+        return env, str(own)
+    return {**env, "PYTHONPATH": str(src)}, sys.executable
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--src", action="append", required=True, help="a source tree (first: the baseline)")
@@ -88,9 +104,9 @@ def main() -> None:
         try:
             for round_ in range(args.rounds):
                 for n, src in enumerate(args.src):
-                    env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
+                    env, python = interpreter(Path(src).resolve())
                     command = [
-                        sys.executable,
+                        python,
                         "-c",
                         textwrap.dedent(CHILD),
                         url,
@@ -102,7 +118,8 @@ def main() -> None:
                         "1" if args.burst else "0",
                         str(args.per_call),
                     ]
-                    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+                    # cwd: ``-c`` puts the working directory first on sys.path, where a checkout would shadow ``src``.
+                    out = subprocess.run(command, env=env, cwd=tmp, capture_output=True, text=True, check=True).stdout
                     result = json.loads(out.strip().splitlines()[-1])
                     print(
                         f"round {round_} {src}: peak RSS +{result['peak_above_mb']:.0f} MB "

@@ -37,6 +37,7 @@ from prime_runs._local.segments import (
 from prime_runs._records import reasons
 from prime_runs._records.ledger import Ledger, Rejection, Undelivered
 from prime_runs._records.lines import EncodedWrite, RunStamp, as_mapping, releaser
+from prime_runs._records.size_meter import SizeMeter
 from prime_traces.encoding import LineParts
 
 logger = logging.getLogger(__name__)
@@ -131,9 +132,11 @@ class Spool:
         spool.spill(records, "episode", ledger, ledger.take_undelivered(reasons.DEADLINE), deadline)
     """
 
-    def __init__(self, files: RecordFiles, stamp: RunStamp | None) -> None:
+    def __init__(self, files: RecordFiles, stamp: RunStamp | None, meter: SizeMeter | None = None) -> None:
         self.files = files
         self.stamp = stamp
+        #: Fed by what is spooled without having been sent: behind a slow link, the upload's first pass is here.
+        self.meter = meter
         self.directory = files.directory
 
     def __repr__(self) -> str:
@@ -158,8 +161,9 @@ class Spool:
             subset = [records[i] for i in group.indexes]
             # The last sink to read the records lets go of each once it is a line (see Ledger.last_reader).
             release = releaser(records, group.indexes) if ledger.last_reader else None
+            meter = None if group.batch else self.meter
             encoded = EncodedWrite(
-                subset, line_format, self.stamp, None, ledger, indexes=group.indexes, release=release
+                subset, line_format, self.stamp, meter, ledger, indexes=group.indexes, release=release
             )
             del subset
             written: list[int] = []

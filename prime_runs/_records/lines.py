@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from prime_runs._records import reasons
+from prime_runs._records.footprint import expansion
 from prime_runs._records.ledger import Ledger
 from prime_runs._records.size_meter import SizeMeter
 from prime_traces.encoding import (
@@ -158,6 +159,10 @@ class EncodedWrite:
         """The record at ``position`` as a line; None when it is rejected (the ledger is told)."""
         record = self.records[position]
         index = position if self.indexes is None else self.indexes[position]
+        if self.meter is not None and self.meter.expansion_due():
+            ratio = expansion(record)  # what the queue holds per byte of JSON, now and then
+            if ratio is not None:
+                self.meter.observe_expansion(ratio)
         record_id: str | None = None
         try:
             form = record_form(record, index, _call_user)

@@ -7,6 +7,8 @@ both so that neither stage imports the other for it.
 
 from __future__ import annotations
 
+import time
+
 
 class SizeMeter:
     """An estimate of the encoded size of the run's next records, fed by the worker, read by ``put``.
@@ -23,11 +25,33 @@ class SizeMeter:
     """
 
     DECAY = 0.1
+    #: The encoder measures one record's memory (footprint.expansion) at most this often.
+    EXPANSION_EVERY_S = 0.2
+    #: ... and the expansion decays toward a smaller measurement by this much per measurement.
+    EXPANSION_DECAY = 0.25
 
     def __init__(self) -> None:
         self.mean_bytes = 0.0
         self.estimate_bytes = 0.0
         self._count = 0
+        #: Bytes of Python objects per byte of JSON in the records logged lately (1.0 until measured).
+        self.expansion = 1.0
+        self._expansion_measured = False
+        self._expansion_due = 0.0
+
+    def expansion_due(self) -> bool:
+        """Whether the encoder should measure the next record's memory (:mod:`~prime_runs._records.footprint`)."""
+        return time.monotonic() >= self._expansion_due
+
+    def observe_expansion(self, ratio: float) -> None:
+        """A record's objects took ``ratio`` times its JSON: a larger one counts at once, a smaller one decays in."""
+        self._expansion_due = time.monotonic() + self.EXPANSION_EVERY_S
+        if not self._expansion_measured:
+            self._expansion_measured = True
+            self.expansion = ratio
+            return
+        decayed = self.expansion + (ratio - self.expansion) * self.EXPANSION_DECAY
+        self.expansion = max(ratio, decayed)
 
     @property
     def observed(self) -> int:

@@ -114,7 +114,7 @@ def online(
         context=context,
         meter=meter,
         owns_client=True,
-        spool=Spool(files, stamp) if keep_on_disk else None,
+        spool=Spool(files, stamp, meter) if keep_on_disk else None,
         legacy=legacy_for(spec.kind, platform, handle.id),
         opted_out=opted_out,
     )

@@ -213,7 +213,9 @@ class RecordQueue:
             self._cond.notify_all()
 
     def _over(self, held: int, fraction: float) -> bool:
-        return held >= self.max_records * fraction or self.held_bytes >= self.max_bytes * fraction
+        # In memory: the held records' JSON times what their objects take per byte of it (as last measured).
+        memory = self.held_bytes * self.meter.expansion
+        return held >= self.max_records * fraction or memory >= self.max_bytes * fraction
 
     def _release(self, size: float) -> None:
         # Under the lock. Nothing held is nothing held: no drift from floating-point sums.

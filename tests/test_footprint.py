@@ -1,0 +1,103 @@
+"""What records take in memory over their JSON, and the queue's pressure mark that counts it."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from prime_runs._records.footprint import MAX_EXPANSION, expansion
+from prime_runs._records.size_meter import SizeMeter
+from prime_runs._upload.queue import SPILL_AT_FRACTION, RecordQueue
+from prime_runs.cli.workload import generate_episode
+
+
+def held_per_json_byte(record: Any) -> float:
+    """What ``record``'s objects take, each counted once (a full walk), per byte of its JSON."""
+    seen: set[int] = set()
+    total = 0
+    stack = [record]
+    while stack:
+        value = stack.pop()
+        shared = value is None or isinstance(value, bool) or (isinstance(value, int) and -5 <= value <= 256)
+        if shared or id(value) in seen:
+            continue
+        seen.add(id(value))
+        total += sys.getsizeof(value)
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return total / len(orjson.dumps(record))
+
+
+SHAPES: dict[str, Callable[[], Any]] = {
+    "generated episode": lambda: generate_episode(1, target_bytes=2_000_000),
+    "parsed JSON": lambda: orjson.loads(orjson.dumps(generate_episode(2, target_bytes=2_000_000))),
+    "token ids": lambda: {"id": "t", "tokens": [[random.randrange(150_000) for _ in range(2_000)] for _ in range(50)]},
+    "floats": lambda: {"id": "f", "logprobs": [[random.random() for _ in range(2_000)] for _ in range(50)]},
+    "long text": lambda: {"id": "c", "messages": [{"role": "user", "content": "word " * 20_000} for _ in range(20)]},
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_sampled_walk_is_within_a_fifth_of_what_the_objects_take(shape):
+    record = SHAPES[shape]()
+    truth = held_per_json_byte(record)
+    estimate = expansion(record)
+    assert estimate is not None
+    assert 0.8 * truth <= estimate <= 1.2 * truth, (estimate, truth)
+
+
+def test_shapes_differ_as_their_objects_do():
+    ratios = {name: expansion(make()) for name, make in SHAPES.items()}
+    assert ratios["long text"] == pytest.approx(1.0, abs=0.1)
+    assert ratios["token ids"] > 4 > ratios["parsed JSON"] > 2
+
+
+def test_the_walk_is_bounded_however_large_the_record():
+    record = generate_episode(3, target_bytes=20_000_000)
+    started = time.perf_counter()
+    expansion(record)
+    assert time.perf_counter() - started < 0.05  # about a millisecond; encoding the record takes ~50
+
+
+def test_odd_records_give_a_ratio_in_range_or_none():
+    assert expansion({}) == MAX_EXPANSION  # an empty mapping: 64 bytes for 2 of JSON, capped
+    assert expansion(object()) is None
+    assert 1.0 <= (expansion({"a": [[], [], {}]}) or 0) <= MAX_EXPANSION
+    assert expansion(b"x" * 1000) == pytest.approx(1.0, abs=0.1)  # a record's own bytes are as large as their JSON
+
+
+def test_the_meter_takes_a_larger_expansion_at_once_and_a_smaller_one_slowly():
+    meter = SizeMeter()
+    assert meter.expansion == 1.0 and meter.expansion_due()
+    meter.observe_expansion(2.0)
+    assert meter.expansion == 2.0 and not meter.expansion_due()  # the next is measured a while later
+    meter.observe_expansion(5.0)
+    assert meter.expansion == 5.0
+    meter.observe_expansion(1.0)
+    assert 1.0 < meter.expansion < 5.0
+
+
+def test_the_queue_goes_to_disk_at_half_the_bound_counted_in_memory():
+    # Records of 1,000 JSON bytes that take three times that as objects: the pressure mark (half of
+    # 30,000 bytes) is reached at 5 records, not at the 15 their JSON alone would need.
+    meter = SizeMeter()
+    meter.observe(1_000)
+    meter.observe_expansion(3.0)
+    queue = RecordQueue(10_000, 30_000, meter)
+    for i in range(4):
+        assert queue.put([{"id": f"r{i}"}], "trace")[0]
+    assert not queue.pressure.is_set()
+    assert queue.put([{"id": "r4"}], "trace")[0]
+    assert queue.pressure.is_set()
+    assert queue.held_bytes * meter.expansion >= SPILL_AT_FRACTION * 30_000
+    # The bound that drops still counts JSON bytes: the run keeps taking writes while it spools.
+    assert all(queue.put([{"id": f"s{i}"}], "trace")[0] for i in range(10))
