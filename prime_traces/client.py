@@ -20,7 +20,7 @@ from prime_traces._upload.batching import DEFAULT_TARGET_BATCH_BYTES, MAX_BATCH_
 from prime_traces._upload.body_buffers import BODY_BUFFERS
 from prime_traces._upload.compress import COMPRESSION_CHOICES, CodingSelector
 from prime_traces._upload.sender import DEFAULT_MAX_REFUSED_S, Sender, UploadSettings
-from prime_traces._upload.uploader import DEFAULT_ABANDON_AFTER_S, OnBatch, Upload
+from prime_traces._upload.uploader import DEFAULT_ABANDON_AFTER_S, Flag, OnBatch, Upload
 from prime_traces._upload.window import InFlightWindow
 from prime_traces.config import READ_TIMEOUT_S, resolve_config
 from prime_traces.encoding import LineFormat
@@ -137,7 +137,7 @@ class TracesClient(ReadAPI, RunsAPI):
         max_refused_s: float | None = DEFAULT_MAX_REFUSED_S,
         on_batch: OnBatch | None = None,
         cancel: threading.Event | None = None,
-        stop: threading.Event | None = None,
+        stop: Flag | None = None,
         learn_coding: bool = True,
     ) -> list[UploadReceipt]:
         """Upload JSONL lines; return the receipts in batch order.

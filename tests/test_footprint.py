@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 
 from prime_runs._records.footprint import MAX_EXPANSION, expansion
 from prime_runs._records.size_meter import SizeMeter
+from prime_runs._sinks import link_gauge
+from prime_runs._sinks.link_gauge import Behind, LinkGauge
 from prime_runs._upload.queue import SPILL_AT_FRACTION, RecordQueue
 from prime_runs.cli.workload import generate_episode
 
@@ -86,7 +89,7 @@ def test_the_meter_takes_a_larger_expansion_at_once_and_a_smaller_one_slowly():
     assert 1.0 < meter.expansion < 5.0
 
 
-def test_the_queue_goes_to_disk_at_half_the_bound_counted_in_memory():
+def test_the_queue_marks_half_the_bound_counted_in_memory():
     # Records of 1,000 JSON bytes that take three times that as objects: the pressure mark (half of
     # 30,000 bytes) is reached at 5 records, not at the 15 their JSON alone would need.
     meter = SizeMeter()
@@ -95,9 +98,52 @@ def test_the_queue_goes_to_disk_at_half_the_bound_counted_in_memory():
     queue = RecordQueue(10_000, 30_000, meter)
     for i in range(4):
         assert queue.put([{"id": f"r{i}"}], "trace")[0]
-    assert not queue.pressure.is_set()
+    assert not queue.memory_pressure.is_set()
     assert queue.put([{"id": "r4"}], "trace")[0]
-    assert queue.pressure.is_set()
+    assert queue.memory_pressure.is_set()
+    assert not queue.pressure.is_set()  # the mark in JSON bytes is still far
     assert queue.held_bytes * meter.expansion >= SPILL_AT_FRACTION * 30_000
     # The bound that drops still counts JSON bytes: the run keeps taking writes while it spools.
     assert all(queue.put([{"id": f"s{i}"}], "trace")[0] for i in range(10))
+
+
+def test_the_gauge_counts_the_encoder_busy_while_it_makes_a_line_and_idle_while_the_line_waits(monkeypatch):
+    monkeypatch.setattr(link_gauge, "IDLE_S", 0.0)
+    gauge = LinkGauge()
+    seen: list[float] = []
+
+    def lines():
+        for n in range(2):
+            seen.append(gauge.idle_s())  # asked for a line: the encoder is at work
+            yield n
+
+    timed = gauge.timed(lines())
+    assert next(timed) == 0
+    assert seen == [0.0] and gauge.link_bound()  # the line handed over: nothing is being encoded
+    assert next(timed) == 1 and seen == [0.0, 0.0]
+    assert list(timed) == [] and gauge.link_bound()
+
+
+def test_past_the_mark_in_memory_the_run_is_behind_only_while_the_encoder_waits_for_the_link(monkeypatch):
+    monkeypatch.setattr(link_gauge, "IDLE_S", 0.0)
+    pressure, memory, gauge = threading.Event(), threading.Event(), LinkGauge()
+    behind = Behind(pressure, memory, gauge)
+    assert not behind.is_set()
+    memory.set()
+    assert behind.is_set()  # idle encoder, records held in memory past the mark: the link is the limit
+    latch = behind.latch()
+    assert latch.is_set()
+    inside: list[bool] = []
+
+    def encoding():
+        inside.append(behind.is_set())
+        yield 1
+
+    assert list(gauge.timed(encoding())) == [1]
+    assert inside == [False]  # while a line is being made the CPU is the limit: disk would not help
+    memory.clear()
+    assert not behind.is_set()
+    pressure.set()
+    assert behind.is_set()  # half a bound in JSON bytes or records: disk, whatever the link
+    pressure.clear()
+    assert not behind.is_set() and latch.is_set()  # one upload's stop, once set, stays set

@@ -83,11 +83,13 @@ class Sink:
         """
         raise NotImplementedError
 
-    def watch_pressure(self, pressure: threading.Event) -> None:
+    def watch_pressure(self, pressure: threading.Event, memory: threading.Event | None = None) -> None:
         """Learn the worker's queue pressure: set while uploads are slower than the run logs.
 
         A sink with a spool may then keep writes on disk (and upload them from
         there) rather than let the queue fill and drop; the default ignores it.
+        ``memory`` is the same mark counted in the records' memory, for a sink
+        that can tell when its uploads are the limit.
         """
 
     def spill_first(self) -> bool:

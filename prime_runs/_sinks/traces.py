@@ -26,6 +26,7 @@ from prime_runs._records.lines import RunStamp
 from prime_runs._records.sink import OnResynced, Sink, SinkStatus
 from prime_runs._records.size_meter import SizeMeter
 from prime_runs._sinks.legacy import LegacySamples
+from prime_runs._sinks.link_gauge import Behind, LinkGauge
 from prime_runs._sinks.outage import Outage
 from prime_runs._sinks.traces_write import FailureWarnings, SinkWrite
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, DEFAULT_UPLOAD_ATTEMPTS, MAX_BATCH_BYTES, TracesClient
@@ -95,8 +96,10 @@ class TracesSink(Sink):
         self.outage = Outage(client, spool) if spool is not None else None
         if self.outage is not None:
             self.outage.on_episodes = self._count_episodes
-        #: The worker's queue pressure (set while uploads are slower than the run logs), once watched.
-        self.pressure: threading.Event | None = None
+        #: Whether the encoder waits for the uploads (read by ``behind``).
+        self.link = LinkGauge()
+        #: Set while uploads are slower than the run logs (the worker's queue pressure), once watched.
+        self.behind: Behind | None = None
         self.owns_client = owns_client
         #: Rate-limits the warnings about records not delivered, across this sink's writes.
         self.warnings = FailureWarnings()
@@ -155,9 +158,9 @@ class TracesSink(Sink):
             self._committed = True
             self.episodes_written += episodes
 
-    def watch_pressure(self, pressure: threading.Event) -> None:
+    def watch_pressure(self, pressure: threading.Event, memory: threading.Event | None = None) -> None:
         if self.outage is not None:
-            self.pressure = pressure
+            self.behind = Behind(pressure, memory, self.link)
 
     def spilled(self) -> None:
         if self.outage is not None:

@@ -84,6 +84,7 @@ from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 
 if TYPE_CHECKING:
     from prime_runs._records.size_meter import SizeMeter
+    from prime_runs._sinks.link_gauge import Behind, LinkGauge
     from prime_runs._sinks.outage import Outage
     from prime_traces.client import TracesClient
 
@@ -158,7 +159,8 @@ class UploadSink(Protocol):
     max_transient_failures: int
     outage: Outage | None
     #: Set while uploads are slower than the run logs (the worker's queue pressure); None without a spool.
-    pressure: threading.Event | None
+    behind: Behind | None
+    link: LinkGauge
     #: Set by a write refused for good.
     permanent_refusal: str | None
     warnings: FailureWarnings
@@ -242,8 +244,8 @@ class SinkWrite:
                 self.records[index] = None
 
     def _pressed(self) -> bool:
-        pressure = self.sink.pressure
-        return pressure is not None and pressure.is_set()
+        behind = self.sink.behind
+        return behind is not None and behind.is_set()
 
     def _wait_out_outage(self) -> None:
         # Not sent, not a failure: the worker spools them; they go up from there (once the service is back).
@@ -273,7 +275,7 @@ class SinkWrite:
         announced: set[int] = set()
         # Once the first pass has encoded every record, the worker may start encoding the next
         # write while this one's last batches upload.
-        lines = _then(encoded, self.ledger.encoded) if first_pass else encoded
+        lines = self.sink.link.timed(_then(encoded, self.ledger.encoded) if first_pass else encoded)
 
         def on_batch(batch: Any, _receipt: Any) -> None:
             announced.add(batch.index)
@@ -295,7 +297,9 @@ class SinkWrite:
                 on_batch=on_batch,
                 cancel=self.cancel,
                 # Uploads falling behind the run: what is not sent yet goes to disk, not into a longer wait.
-                stop=self.sink.pressure if self.sink.outage is not None else None,
+                stop=self.sink.behind.latch()
+                if self.sink.behind is not None and self.sink.outage is not None
+                else None,
             )
         except UploadError as err:
             self._settle(group, encoded, err.report, announced)

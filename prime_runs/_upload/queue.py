@@ -16,6 +16,10 @@ Past :data:`SPILL_AT_FRACTION` of either bound the queue sets :attr:`RecordQueue
 the uploads are slower than the run logs, and a sink with a spool then keeps
 its writes on disk (uploading them from there) instead of letting the queue
 fill; the event clears once the run holds less than :data:`CALM_BELOW_FRACTION`.
+:attr:`RecordQueue.memory_pressure` is the same mark counted in memory: the
+held records' JSON times what their Python objects take per byte of it
+(:mod:`~prime_runs._records.footprint`, measured by the encoder); a sink
+heeds it only while the link is the limit, where disk helps.
 """
 
 from __future__ import annotations
@@ -115,6 +119,9 @@ class RecordQueue:
         self.peak_held_bytes = 0.0
         #: Set while the run holds more than SPILL_AT_FRACTION of a bound (read by sinks with a spool).
         self.pressure = threading.Event()
+        #: Set while the held records take more than SPILL_AT_FRACTION of ``max_bytes`` in memory (their
+        #: JSON times the meter's expansion); a sink with a spool heeds it when the link is the limit.
+        self.memory_pressure = threading.Event()
 
     def put(self, records: Sequence[Any], line_format: str) -> tuple[bool, str | None, int]:
         """Queue a write; ``(False, reason, call)`` when it does not fit (never waits).
@@ -146,6 +153,8 @@ class RecordQueue:
                 self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
                 if self._over(held + count, SPILL_AT_FRACTION):
                     self.pressure.set()
+                if self._over_in_memory(SPILL_AT_FRACTION):
+                    self.memory_pressure.set()
                 # All: flush() and close() wait on this condition too, and must not take the worker's wake-up.
                 self._cond.notify_all()
                 return True, None, call
@@ -213,9 +222,11 @@ class RecordQueue:
             self._cond.notify_all()
 
     def _over(self, held: int, fraction: float) -> bool:
-        # In memory: the held records' JSON times what their objects take per byte of it (as last measured).
-        memory = self.held_bytes * self.meter.expansion
-        return held >= self.max_records * fraction or memory >= self.max_bytes * fraction
+        return held >= self.max_records * fraction or self.held_bytes >= self.max_bytes * fraction
+
+    def _over_in_memory(self, fraction: float) -> bool:
+        # The held records' JSON times what their objects take per byte of it (as last measured).
+        return self.held_bytes * self.meter.expansion >= self.max_bytes * fraction
 
     def _release(self, size: float) -> None:
         # Under the lock. Nothing held is nothing held: no drift from floating-point sums.
@@ -228,6 +239,8 @@ class RecordQueue:
             held = self.queued_records + self.taken_records
             if not self._over(held, CALM_BELOW_FRACTION):
                 self.pressure.clear()
+        if self.memory_pressure.is_set() and not self._over_in_memory(CALM_BELOW_FRACTION):
+            self.memory_pressure.clear()
 
     def wake(self) -> None:
         """End a ``take`` waiting for writes now (it returns [] if none came)."""

@@ -102,7 +102,7 @@ class UploadWorker:
         for sink in self.sinks:
             # What a sink uploads from its spool once the service is back counts as stored.
             sink.count_resynced(functools.partial(self.accounting.count_resynced, sink.name))
-            sink.watch_pressure(self._queue.pressure)
+            sink.watch_pressure(self._queue.pressure, self._queue.memory_pressure)
 
     # -- the caller's side ---------------------------------------------------
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from prime_traces._api.models import UploadReceipt
 from prime_traces._upload.batching import (
@@ -35,6 +35,13 @@ from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
 from prime_traces.threads import DaemonPool
 
 logger = logging.getLogger(__name__)
+
+
+class Flag(Protocol):
+    """What an upload's ``stop`` needs: a ``threading.Event``, or anything that says whether it is set now."""
+
+    def is_set(self) -> bool: ...
+
 
 #: How long a cancelled upload waits for requests already in flight.
 DEFAULT_ABANDON_AFTER_S = 1.0
@@ -84,7 +91,7 @@ class Upload:
         on_batch: OnBatch | None,
         cancel: threading.Event | None,
         abandon_after_s: float = DEFAULT_ABANDON_AFTER_S,
-        stop: threading.Event | None = None,
+        stop: Flag | None = None,
     ) -> None:
         self.pool = pool
         self.sender = sender

@@ -25,6 +25,7 @@ import orjson
 from prime_traces.errors import ErrorCode
 from prime_traces.server._decode import decode_body
 from prime_traces.server._extract import UploadMeta
+from prime_traces.server._faults import Faults
 from prime_traces.server._http import (
     HTTPError,
     Request,
@@ -84,7 +85,8 @@ def _upload(req: Request, length: int) -> Response:
         )
     raw_format = req.header("X-Prime-Line-Format")
     link_mb_s = faults.link_mb_s
-    shared = functools.partial(faults.link.pass_bytes, rate_mb_s=link_mb_s) if link_mb_s else None
+    # The link's rate is read at each chunk: lifting the cap speeds up the bodies being read too.
+    shared = functools.partial(_pass_link, faults) if link_mb_s else None
     body = req.read_body(length, faults.bandwidth_mb_s, shared, link_mb_s * 1e6 if link_mb_s else None)
     state.stats.count_upload_attempt(length)
     if faults.before_upload is not None:
@@ -216,3 +218,8 @@ def _check_utf8(data: bytes | bytearray) -> None:
 
 
 ROUTES = [route("POST", "/traces", post_traces)]
+
+
+def _pass_link(faults: Faults, n: int) -> float:
+    """How long ``n`` more bytes of a body wait for the shared link, at its rate now (0 once it is lifted)."""
+    return faults.link.pass_bytes(n, faults.link_mb_s)
