@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import threading
@@ -11,6 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
+from _fork import in_child
+from _run_helpers import online
 
 from prime_runs._records.footprint import MAX_EXPANSION, expansion
 from prime_runs._records.size_meter import SizeMeter
@@ -147,3 +150,26 @@ def test_past_the_mark_in_memory_the_run_is_behind_only_while_the_encoder_waits_
     assert behind.is_set()  # half a bound in JSON bytes or records: disk, whatever the link
     pressure.clear()
     assert not behind.is_set() and latch.is_set()  # one upload's stop, once set, stays set
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_a_gauge_no_parent_thread_holds(service):
+    # A worker thread may hold the gauge's lock at the fork: the child's run must not wait on it forever.
+    run = online(service)
+    sink = run._worker.sinks[0]
+    held = sink.link._lock
+    held.acquire()
+    try:
+
+        def child() -> dict[str, Any]:
+            free = sink.link._lock.acquire(timeout=1)
+            if free:
+                sink.link._lock.release()
+            lines = list(sink.link.timed(iter([1, 2])))
+            return {"free": free, "lines": lines, "fresh": sink.link._lock is not held}
+
+        result = in_child(child)
+    finally:
+        held.release()
+        run.finish()
+    assert result == {"free": True, "lines": [1, 2], "fresh": True}

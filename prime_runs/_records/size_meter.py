@@ -17,11 +17,14 @@ class SizeMeter:
     the estimate) and decays toward smaller sizes by ``DECAY`` per record, so
     a run whose records grow tenfold is bounded by their new size from the
     first one the worker sees, and one outlier does not shrink the queue for
-    long. ``mean_bytes`` is the plain running mean, for reports. Only the
-    thread encoding a write's first pass writes it (one at a time: the next
-    write starts once the last one's first pass ended), and a float read is
-    atomic under the GIL, so it needs no lock (and a fork can never catch
-    one held).
+    long. ``mean_bytes`` is the plain running mean, for reports. The
+    threads encoding a write's first pass (for the upload, or for the disk
+    when the uploads are behind) write it, at most two at once; a float read
+    is atomic under the GIL, and an update lost between two writers only
+    delays the estimate by one record, so it needs no lock (and a fork can
+    never catch one held). ``expansion`` is what the records' Python objects
+    take per byte of their JSON, measured now and then
+    (:mod:`~prime_runs._records.footprint`).
     """
 
     DECAY = 0.1

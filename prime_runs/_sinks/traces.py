@@ -28,7 +28,8 @@ from prime_runs._records.size_meter import SizeMeter
 from prime_runs._sinks.legacy import LegacySamples
 from prime_runs._sinks.link_gauge import Behind, LinkGauge
 from prime_runs._sinks.outage import Outage
-from prime_runs._sinks.traces_write import FailureWarnings, SinkWrite
+from prime_runs._sinks.traces_write import SinkWrite
+from prime_runs._sinks.upload_sink import FailureWarnings
 from prime_traces.client import DEFAULT_TARGET_BATCH_BYTES, DEFAULT_UPLOAD_ATTEMPTS, MAX_BATCH_BYTES, TracesClient
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ class TracesSink(Sink):
             self.episodes_written += episodes
 
     def watch_pressure(self, pressure: threading.Event, memory: threading.Event | None = None) -> None:
+        # Also called in a forked child (the worker's setup): a fresh gauge, whose lock no parent thread holds.
+        self.link = LinkGauge()
         if self.outage is not None:
             self.behind = Behind(pressure, memory, self.link)
 
