@@ -10,8 +10,10 @@ the write, fails them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from _run_helpers import GATE_TIMEOUT_S
@@ -45,6 +47,19 @@ class Waiting:
         self.reached.set()
         self.go.wait(GATE_TIMEOUT_S)
         return self.record
+
+
+@contextlib.contextmanager
+def held_at(waiting: Waiting, write: Callable[[], object]) -> Iterator[None]:
+    """``write()`` on a thread, held at ``waiting``'s ``to_record()`` for the body of the block."""
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert waiting.reached.wait(GATE_TIMEOUT_S)
+        yield
+    finally:
+        waiting.go.set()
+        writer.join(GATE_TIMEOUT_S)
 
 
 def episodes(count: int, prefix: str = "e") -> list[Record]:
@@ -140,14 +155,10 @@ def test_the_disk_sink_frees_a_record_once_it_is_encoded(tmp_path):
     _, ledger = ledger_for(3)
     ledger.last_reader = True
     sink = DiskSink(RecordFiles(str(tmp_path)), STAMP)
-    writer = threading.Thread(target=sink.write, args=(records, "episode", ledger, threading.Event()))
-    writer.start()
     try:
-        assert waiting.reached.wait(GATE_TIMEOUT_S)
-        assert freed[0].wait(FREED_WAIT_S) and freed[1].wait(FREED_WAIT_S)
+        with held_at(waiting, lambda: sink.write(records, "episode", ledger, threading.Event())):
+            assert freed[0].wait(FREED_WAIT_S) and freed[1].wait(FREED_WAIT_S)
     finally:
-        waiting.go.set()
-        writer.join(GATE_TIMEOUT_S)
         sink.close()
     assert ledger.remaining == 0
 
@@ -180,16 +191,11 @@ def test_a_spill_frees_each_record_once_it_is_encoded_onto_disk(tmp_path):
     files = RecordFiles(str(tmp_path))
     spool = Spool(files, STAMP)
     spooled: list[int] = []
-    writer = threading.Thread(
-        target=lambda: spooled.append(spool.spill(records, "episode", ledger, ledger.take_undelivered("x"), None))
-    )
-    writer.start()
     try:
-        assert waiting.reached.wait(GATE_TIMEOUT_S)
-        assert freed[0].wait(FREED_WAIT_S) and freed[1].wait(FREED_WAIT_S)
+        spill = lambda: spooled.append(spool.spill(records, "episode", ledger, ledger.take_undelivered("x"), None))  # noqa: E731
+        with held_at(waiting, spill):
+            assert freed[0].wait(FREED_WAIT_S) and freed[1].wait(FREED_WAIT_S)
     finally:
-        waiting.go.set()
-        writer.join(GATE_TIMEOUT_S)
         files.close()
     assert spooled == [3] and records == [None, None, None]
     assert accounting.snapshot()["sinks"]["traces"]["spooled"] == 3
