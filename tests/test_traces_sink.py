@@ -15,6 +15,7 @@ import orjson
 import pytest
 from _wire import episode, trace
 
+from prime_runs._local.spool import RecordFiles, Spool
 from prime_runs._records.accounting import Accounting
 from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import RunStamp
@@ -205,6 +206,29 @@ def test_a_502_storm_past_max_attempts_is_a_strike_and_leaves_every_record_undel
     # One batch in flight, two attempts each, three failed uploads in a row: then the rest is given up.
     assert stats["upload_attempts"] == 6
     assert waits == [1.0, 1.0, 1.0]
+
+
+def test_the_first_pass_marks_what_it_measured_and_a_spill_measures_only_the_rest(tmp_path):
+    # The size meter follows the newest records: one the upload measured and the spool encodes again must not
+    # count twice (a run whose records grew would see its estimate decay back to the old size).
+    records = episodes(100)
+    _, ledger = ledger_for(len(records))
+    meter = SizeMeter()
+    with serving(tmp_path, fail_fraction=1.0, fail_status=502, max_in_flight=1, _sleep=lambda _s: None) as (_s, client):
+        sink = TracesSink(client, STAMP, CONTEXT, meter, max_attempts=1, target_batch_bytes=SMALL_BATCH_BYTES)
+        sink.write(records, "episode", ledger, threading.Event())
+    assert 0 < meter.observed < 100 and ledger.measured == meter.observed  # the first pass stopped at a failure
+    groups = ledger.take_undelivered("never-sent")
+    ledger.measured = 90  # as if the first pass had encoded 90 before the upload stopped pulling
+    before = meter.observed
+    files = RecordFiles(str(tmp_path / "spool"))
+    try:
+        spooled = Spool(files, STAMP, meter).spill(records, "episode", ledger, groups, None)
+    finally:
+        files.close()
+    assert spooled == 100
+    # Sent batches are not measured again; of what was never sent, only the 10 the first pass did not reach.
+    assert meter.observed == before + 10
 
 
 def test_a_transient_failure_leaves_only_its_batch_undelivered(tmp_path):

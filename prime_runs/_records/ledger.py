@@ -112,6 +112,10 @@ class Ledger:
         #: so it lets go of each record once it is stored or encoded onto disk (the caller's objects are
         #: freed then, not when the whole write is done).
         self.last_reader = False
+        #: The records below this index have been measured by the run's size meter (an upload's first
+        #: pass measures a prefix of its write): whoever encodes them again (the spool, when they are kept
+        #: on disk) does not measure them twice, so the meter keeps following the newest records.
+        self.measured = 0
 
     def encoded(self) -> None:
         """Tell the worker that this write needs no more encoding for now (see :attr:`on_encoded`)."""

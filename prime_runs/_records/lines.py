@@ -159,6 +159,9 @@ class EncodedWrite:
         """The record at ``position`` as a line; None when it is rejected (the ledger is told)."""
         record = self.records[position]
         index = position if self.indexes is None else self.indexes[position]
+        measure = self.meter is not None and index >= self.ledger.measured  # each record once (Ledger.measured)
+        if measure and index == self.ledger.measured:
+            self.ledger.measured = index + 1
         if self.meter is not None and self.meter.expansion_due():
             ratio = expansion(record)  # what the queue holds per byte of JSON, now and then
             if ratio is not None:
@@ -191,7 +194,7 @@ class EncodedWrite:
                 record_id,
             )
             return None
-        if self.meter is not None:
+        if measure and self.meter is not None:
             self.meter.observe(size + 1)
         return line
 
