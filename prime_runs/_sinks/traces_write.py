@@ -50,6 +50,8 @@ records of a refused or failed upload:
   never sent are left open.
 
 The worker spools what is left undelivered or open to the run directory.
+:mod:`~prime_runs._sinks.settle` sorts a failed call's batches; this module
+acts on what it says.
 """
 
 from __future__ import annotations
@@ -63,24 +65,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prime_runs._records import reasons
-from prime_runs._records.faults import (
-    SINK,
-    SIZE_CODES,
-    TRANSIENT,
-    fault_of,
-    is_server_error,
-    listed_rejections,
-    outcome_text,
-    refusal_reason,
-    rejection_reason,
-)
+from prime_runs._records.faults import outcome_text, refusal_reason
 from prime_runs._records.ledger import Ledger
 from prime_runs._records.lines import EncodedWrite, id_of
 from prime_runs._records.sink import SinkStatus
-from prime_runs._sinks.server_errors import ServerErrors, Verdict
+from prime_runs._sinks.server_errors import ServerErrors
+from prime_runs._sinks.settle import Rejected, sort_outcomes
 from prime_traces.encoding import check_record
 from prime_traces.errors import UploadError
-from prime_traces.report import BatchOutcome, BatchStatus, UploadReport
+from prime_traces.report import UploadReport
 
 if TYPE_CHECKING:
     from prime_runs._sinks.upload_sink import UploadSink
@@ -255,82 +248,34 @@ class SinkWrite:
 
     def _settle(self, group: list[int], encoded: EncodedWrite, report: UploadReport, announced: set[int]) -> None:
         """Account for one failed upload call; queue what must be sent again."""
-        positions = encoded.line_records  # produced line j -> position in group
         cancelled = self.cancel.is_set()
-        # Stopped because the uploads fell behind: abandoned batches wait on disk as they are, no failure.
-        stopped = report.stopped and not cancelled
-        accounted: set[int] = {position for position, _ in encoded.errors}
-        resend: list[int] = []
-        splits: list[list[int]] = []
-        behind: list[list[int]] = []  # answered 500, to be sent again once their split's other half is answered
-        refused: list[int] = []
-        sink_refusal: BatchOutcome | None = None
-        transient = committed = False
-        for outcome in report.batches:
-            batch = [positions[j] for j in outcome.line_indexes]
-            accounted.update(batch)
-            if outcome.status is BatchStatus.COMMITTED:
-                committed = True
-                if outcome.index not in announced:  # committed during the abandon wait: never announced
-                    self.ledger.stored([group[p] for p in batch])
-                    self.server_errors.stored(tuple(group[p] for p in batch))
-                    self._let_go([group[p] for p in batch])
-                continue
-            if outcome.status is BatchStatus.UNSENT:
-                continue  # nothing sent: left open, spooled by the worker
-            kind = (
-                TRANSIENT if outcome.status is BatchStatus.ABANDONED else fault_of(outcome, server_error_is_record=True)
-            )
-            if kind != TRANSIENT and is_server_error(outcome):
-                # The service's fault until a bisection locates a record (server_errors.py).
-                verdict = self.server_errors.verdict(tuple(group[p] for p in batch))
-                if verdict is Verdict.REPLAY:
-                    splits.append(batch)
-                    continue
-                if verdict is Verdict.BEHIND_SIBLING:
-                    behind.append(batch)
-                    continue
-                if verdict is Verdict.SPLIT:
-                    first, _ = self.server_errors.halves(tuple(group[p] for p in batch))
-                    splits += [batch[: len(first)], batch[len(first) :]]
-                    continue
-                if verdict is Verdict.OUTAGE:
-                    kind = TRANSIENT
-            if kind == TRANSIENT:
-                # Sent, fate unknown (the answer never came, or retries ran out or were cut
-                # short): kept as this very batch, so a later sync replays it if it was stored.
-                reason = reasons.DEADLINE if cancelled else reasons.BACKLOG if stopped else reasons.TRANSIENT
-                self._undeliver(
-                    [group[p] for p in batch], reason, str(outcome.error or "abandoned"), batch=True, key=outcome.key
-                )
-                transient = transient or not (cancelled or stopped)
-            elif kind == SINK:
-                sink_refusal = sink_refusal or outcome
-                refused += batch
-            elif outcome.rejected_lines and outcome.code not in SIZE_CODES:
-                # Every bad line listed: all are set aside at once, the rest sent again.
-                bad_lines = set()
-                for line, reason, detail in listed_rejections(outcome):
-                    bad_lines.add(positions[line])
-                    self._reject(group[positions[line]], reason, detail)
-                resend += [p for p in batch if p not in bad_lines]
-            elif outcome.rejected_line is not None and outcome.code not in SIZE_CODES:
-                bad = positions[outcome.rejected_line]
-                self._reject(group[bad], rejection_reason(outcome), outcome_text(outcome))
-                resend += [p for p in batch if p != bad]
-                # The lines before it passed; how many is a guess of how far the next bad one is.
-                self.probe = max(1, batch.index(bad))
-            elif len(batch) == 1:
-                self._reject(group[batch[0]], rejection_reason(outcome), outcome_text(outcome))
+        outcomes = sort_outcomes(
+            report,
+            group,
+            encoded.line_records,
+            [position for position, _ in encoded.errors],
+            announced,
+            self.server_errors,
+            cancelled=cancelled,
+            # Stopped because the uploads fell behind: abandoned batches wait on disk as they are, no failure.
+            stopped=report.stopped and not cancelled,
+        )
+        for batch in outcomes.stored:
+            self.ledger.stored([group[p] for p in batch])
+            self._let_go([group[p] for p in batch])
+        for loss in outcomes.losses:
+            if isinstance(loss, Rejected):
+                self._reject(group[loss.position], loss.reason, loss.detail)
             else:
-                half = len(batch) // 2
-                splits += [batch[:half], batch[half:]]
-        resend += [p for p in range(len(group)) if p not in accounted]
-        resend.sort()
-
+                indexes = [group[p] for p in loss.positions]
+                self._undeliver(indexes, loss.reason, loss.detail, batch=True, key=loss.key)
+        if outcomes.probe is not None:
+            self.probe = outcomes.probe
+        resend, splits, behind, transient = outcomes.resend, outcomes.splits, outcomes.behind, outcomes.transient
+        sink_refusal = outcomes.sink_refusal
         if sink_refusal is not None:
             # Every later request would be refused alike: the rest of the write is kept for a sync.
-            left = refused + resend + [p for s in splits + behind for p in s]
+            left = outcomes.refused + outcomes.waiting()
             if sink_refusal.code == SERVICE_NOT_ENABLED and self.sink.route_to_legacy():
                 # The account has no Prime Traces: this write's records, and every later one, go to the legacy tables.
                 rest = sorted([group[p] for p in left] + [i for g in self.groups for i in g])
@@ -351,12 +296,12 @@ class SinkWrite:
             # The service failed for good: the rest of the write waits on disk, not in a retry cycle
             # per batch, and so does every write until the probe sees the service back. No strike.
             self.sink.outage.enter(self.sample or "uploads failed after their retries")
-            self.groups.extendleft([[group[p] for p in sorted(resend + [p for s in splits + behind for p in s])]])
+            self.groups.extendleft([[group[p] for p in sorted(outcomes.waiting())]])
             self._wait_out_outage()
             return
         if transient:
             self._strike(reasons.TRANSIENT)
-        if committed:
+        if outcomes.committed:
             self.transient_in_row = 0
         elif transient:
             self.transient_in_row += 1
