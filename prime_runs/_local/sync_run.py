@@ -27,10 +27,11 @@ from typing import Any
 import orjson
 
 from prime_runs._local.damage import Damage, lost_by_run
+from prime_runs._local.file_progress import FileProgress
 from prime_runs._local.rundir import RunDirectory, check_run_id
 from prime_runs._local.segment_reader import Scan, iter_entry_lines, scan
 from prime_runs._local.segments import REJECTED, SegmentWriter
-from prime_runs._local.sync_file import FileProgress, FileSync, OnProgress, SyncStopped
+from prime_runs._local.sync_file import FileSync, OnProgress, SyncStopped
 from prime_runs._local.sync_rejected import RetryOutcome, retried_count
 from prime_runs._local.sync_rejected import retry_rejected as retry_rejected_records
 from prime_runs._records.lines import RunStamp, restamped

@@ -23,10 +23,10 @@ from typing import Any
 
 from prime_runs._console.progress import Progress, human_bytes
 from prime_runs._local.damage import check_sealed, sealed_sizes
+from prime_runs._local.file_progress import FileProgress, pending
 from prime_runs._local.rundir import RUN_FILE, RunDirectory, runs_root
 from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_files
-from prime_runs._local.sync_file import FileProgress, pending
 from prime_runs._local.sync_run import SyncReport, sync_run
 from prime_runs.cli.sync_target import SyncTarget
 from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch
