@@ -173,11 +173,11 @@ def test_sigterm_under_a_lock_then_a_long_native_call_still_ends_the_process_pro
 USER_CODE_SCRIPT = (
     NATIVE_BLOCK
     + """
-import prime_runs._finish.exit_hooks
+import prime_runs._finish.signals
 run = prime_runs.init("native", environments=["e"], model="m", team_id="t", finish_timeout_s=10)
 run.log_episodes(episodes("e", 5))  # held at the service until the signal is sent
 print(run.id, flush=True)
-while prime_runs._finish.exit_hooks._handling is None:  # training, in plain user code, until the signal
+while prime_runs._finish.signals._handling is None:  # training, in plain user code, until the signal
     sum(range(1000))
 print("back to training", flush=True)
 block_natively(int(os.environ["BLOCK_S"]))

@@ -10,26 +10,31 @@ exit hook that would wait for it all over again.
 
 Called from the signal handler, which may have interrupted any lock's
 holder: the handler only sets a flag and starts a raw thread; the waiting
-and the runs' own work happen there.
+and the runs' own work happen there. ``deliver_again`` and ``warn_bounded``
+serve every signal's end (:mod:`~prime_runs._finish.signals`).
 """
 
 from __future__ import annotations
 
 import _thread
+import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from prime_traces.threads import call_in_forked_child
 
+logger = logging.getLogger(__name__)
+
 # How long past the runs' spill bound the stopper waits for them before ending the process anyway.
 _STOP_MARGIN_S = 2.0
 # How long the main thread may take to handle the SIGINT sent to it (a native call may hold it off).
 _END_GRACE_S = 2.0
 
-# Read by the signal handler, written once: no lock (see exit_hooks).
+# Read by the signal handler, written once: no lock (see signals).
 _stopping = False
 
 
@@ -76,6 +81,34 @@ def end_now() -> None:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(_END_GRACE_S)  # the default action ends the process on delivery; this is never reached
     os._exit(128 + signal.SIGINT)
+
+
+def deliver_again(signum: int) -> None:
+    """Send ``signum`` to the main thread again (its handler chains this time)."""
+    # To the main thread itself, so that a blocking call there is interrupted
+    # and the handler runs now.
+    try:
+        signal.pthread_kill(threading.main_thread().ident or 0, signum)
+    except (OSError, ValueError):
+        os.kill(os.getpid(), signum)
+
+
+def warn_bounded(message: str, *args: Any) -> None:
+    """Log a warning, waiting a second at most: a process about to end must not hang on a logging lock."""
+    # Logged on a raw thread and waited for a second at most: the stuck main
+    # thread may hold a logging lock, and the process must end regardless.
+    logged = _thread.allocate_lock()
+    logged.acquire()
+
+    def warn() -> None:
+        logger.warning(message, *args)  # logging reports its own errors
+        logged.release()
+
+    try:
+        _thread.start_new_thread(warn, ())
+        logged.acquire(timeout=1.0)
+    except RuntimeError:  # no new threads (the interpreter is shutting down)
+        pass
 
 
 def _after_fork_in_child() -> None:
