@@ -15,8 +15,9 @@ import argparse
 import sys
 
 from prime_runs.cli.demo import add_demo_command
+from prime_runs.cli.ls import add_ls_command
 from prime_runs.cli.show import add_show_command
-from prime_runs.cli.sync import add_sync_commands
+from prime_runs.cli.sync import add_sync_command
 from prime_traces.cli_output import (
     EXIT_USAGE,
     Parser,
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", type=log_level, default="WARNING", help="logging level (default: WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_demo_command(sub)
-    add_sync_commands(sub)
+    add_sync_command(sub)
+    add_ls_command(sub)
     add_show_command(sub)
     return parser
 

@@ -1,38 +1,32 @@
-"""``prime-runs sync`` and ``prime-runs ls``: upload local runs, and see what is left to upload.
+"""``prime-runs sync``: upload local runs, exactly once.
 
 ``sync`` exits 0 when every record of every run is on the service, 3 when
 everything is except records the service (or the run itself) refused, which
 stay in the runs' ``rejected-*.jsonl.zst`` files, 4 when everything that
 still reads is but records were lost (damage on disk, or the run itself
 could not keep them: running it again cannot help), 1 when something is left to upload (run it again, or it gave
-up after ``--timeout-s`` without progress), and 2 for a bad command line. ``ls`` exits 0, 2 for a
-directory that does not exist and 1 when the runs cannot be read. Problems
+up after ``--timeout-s`` without progress), and 2 for a bad command line. Problems
 are one line on stderr, ``prime-runs: ...``: never a traceback, never the API
-key; with ``ls --json`` stdout gets one JSON document either way, the runs or
-``{"error": {"message", "code": null, "status": null}}``. What stdout's reader
-did not wait for (``| head``) ends quietly: ``prime_runs.cli`` sees to that.
+key. What stdout's reader did not wait for (``| head``) ends quietly:
+``prime_runs.cli`` sees to that.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 from typing import Any
 
 from prime_runs._console.progress import Progress, human_bytes
-from prime_runs._local.damage import check_sealed, sealed_sizes
-from prime_runs._local.file_progress import FileProgress, pending
 from prime_runs._local.rundir import RUN_FILE, RunDirectory, runs_root
-from prime_runs._local.segment_reader import scan
 from prime_runs._local.segments import DATA_KINDS, METRICS, REJECTED, segment_files
 from prime_runs._local.sync_run import SyncReport, sync_run
 from prime_runs.cli.sync_target import SyncTarget
 from prime_runs.cli.sync_watch import DEFAULT_SYNC_TIMEOUT_S, SyncTimedOut, SyncWatch
 from prime_runs.errors import PrimeRunsError
 from prime_traces import TracesClient
-from prime_traces.cli_output import fail, positive_float, print_json
+from prime_traces.cli_output import positive_float
 from prime_traces.config import ENV_API_KEY, ENV_TRACES_URL, resolve_config
 from prime_traces.errors import PrimeTracesError
 from prime_traces.platform import PlatformClient
@@ -44,7 +38,7 @@ EXIT_UNREADABLE = 1  # ls: the runs could not be read
 _WAIT_FOR_LOCK_S = 5.0
 
 
-def add_sync_commands(subparsers: Any) -> None:
+def add_sync_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sync",
         help="upload local runs to the Traces service",
@@ -83,21 +77,6 @@ def add_sync_commands(subparsers: Any) -> None:
         "each once; says how many it stored and how many are still refused",
     )
     p.set_defaults(func=run_sync)
-    p = subparsers.add_parser(
-        "ls",
-        help="list local runs and what is left to upload",
-        description="List the runs in DIR: name, id, status, records and bytes "
-        "left to upload, and when they were last synced.",
-    )
-    p.add_argument(
-        "dir",
-        nargs="?",
-        default=None,
-        metavar="DIR",
-        help="directory of runs (default: $PRIME_RUNS_DIR, else ./prime-runs)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(func=run_ls)
 
 
 def _fail(message: str) -> None:
@@ -263,92 +242,3 @@ def _summary(report: SyncReport, url: str) -> str:
             f"kept in {os.path.join(report.path, 'rejected-*.jsonl.zst')}"
         )
     return text
-
-
-def local_status(rundir: RunDirectory, document: dict[str, Any]) -> str:
-    """The status a run directory shows: ``crashed`` for one whose process died while it was running."""
-    status = str(document.get("status") or "unknown")
-    if status == "running" and not rundir.owner_alive():
-        return "crashed"
-    return status
-
-
-def describe_run(path: str) -> dict[str, Any]:
-    """What ``ls`` shows of one run directory (read only: nothing is repaired or changed)."""
-    rundir = RunDirectory(path)
-    try:
-        document = rundir.read_run() or {}
-        state = rundir.read_sync()
-    except PrimeRunsError as err:
-        return {
-            "path": path,
-            "id": rundir.run_id,
-            "name": None,
-            "status": f"unreadable: {err}",
-            "records_left": None,
-            "bytes_left": None,
-            "records_damaged": None,
-            "last_sync": None,
-        }
-    service = document.get("service_url") or state.get("last_service")
-    mine = state.get("services", {}).get(service, {}) if service else {}
-    files = mine.get("files", {})
-    sealed = sealed_sizes(document)
-    records = size = damaged = 0
-    for segment in rundir.data_segments():
-        name = os.path.basename(segment)
-        progress = FileProgress.load(files.get(name))
-        left = pending(scan(segment, verify_last=False), progress)
-        records, size = records + left[0], size + left[1]
-        damaged += progress.unreadable_lines()
-        if name in sealed:
-            damage = check_sealed(segment, *sealed[name], repair=False)
-            damaged += damage.lost if damage is not None else 0
-    last = mine.get("last_sync", {}).get("at")
-    return {
-        "path": path,
-        "id": document.get("id") or rundir.run_id,
-        "name": document.get("name"),
-        "status": local_status(rundir, document) if document else "unknown",
-        "records_left": records,
-        "bytes_left": size,
-        "records_damaged": damaged,
-        "last_sync": last,
-    }
-
-
-def run_ls(args: argparse.Namespace) -> int:
-    root = args.dir or runs_root()
-    if not os.path.isdir(root):
-        fail(PROG, f"no such directory: {root}", as_json=args.json)
-        return EXIT_USAGE
-    try:
-        runs, _ = find_runs([root])
-        rows = [describe_run(path) for path in runs]
-    except (PrimeRunsError, OSError, ValueError) as err:
-        fail(PROG, f"{root}: {err}", err=err, as_json=args.json)
-        return EXIT_UNREADABLE
-    if args.json:
-        print_json(rows)
-        return EXIT_OK
-    if not rows:
-        print(f"no runs in {root}")
-        return EXIT_OK
-    table = [("NAME", "ID", "STATUS", "RECORDS LEFT", "BYTES LEFT", "DAMAGED", "LAST SYNC")]
-    for row in rows:
-        when = row["last_sync"]
-        table.append(
-            (
-                row["name"] or "-",
-                row["id"],
-                row["status"],
-                str(row["records_left"]),
-                human_bytes(row["bytes_left"] or 0),
-                str(row["records_damaged"] or 0),
-                datetime.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") if when else "never",
-            )
-        )
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for cells in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip())
-    return EXIT_OK
