@@ -7,6 +7,7 @@ of the run shares one link, as on a real network.
 from __future__ import annotations
 
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -89,6 +90,14 @@ def test_a_link_slower_than_the_run_keeps_the_backlog_on_disk_and_drops_nothing(
         for i, episode_id in enumerate(logged):
             assert run.log_episodes([episode(episode_id, [trace(f"t-{i}", info={"pad": pads[i % 4]})])])
             pace.wait(0.055)
+        # What the console adds to the backlog's line, from the run's own figures.
+        waiting = run.stats()
+        assert waiting["held_memory_bytes"] >= waiting["held_bytes"]  # objects take at least their JSON
+        assert run.console.backlog_status is not None
+        assert re.fullmatch(
+            r"\d+ wait on disk, uploaded from there at [\d.]+ [KMG]?B/s; \d+ in memory \(~[\d.]+ [KMG]?B\)",
+            run.console.backlog_status() or "",
+        )
         run.finish(timeout_s=5)
         stats = run.stats()
         counts = stats["sinks"]["traces"]

@@ -16,7 +16,9 @@ from _wire import episode, trace
 
 import prime_runs
 from prime_runs._console.console import Console
+from prime_runs._console.progress import backlog_status
 from prime_runs._records import lines as _encoding
+from prime_runs._records.reasons import BACKLOG
 from prime_runs.errors import SinkError
 from prime_traces.server import LocalTracesService
 
@@ -110,6 +112,36 @@ def test_losses_after_the_first_are_counted_at_most_once_per_interval():
     now[0] += 1.0
     assert console._take_lines() == ["4 more records not stored (invalid_record) in the last 30 s; 5 in all"]
     assert console._due_in() is None
+    console.close()
+
+
+def test_the_backlogs_repeated_line_says_what_waits_on_disk_and_in_memory_and_how_fast_it_drains():
+    now = [100.0]
+    console = Console(enabled=True, repeat_interval_s=30.0, clock=lambda: now[0], background=False)
+    stats: dict[str, Any] = {
+        "queued_records": 12,
+        "held_memory_bytes": 48_000_000,
+        "sinks": {"traces": {"spooled": 240, "drain_bytes_per_s": 3_900_000.0}},
+    }
+    console.backlog_status = lambda: backlog_status(stats)
+    console.count_loss("spooled", "traces", BACKLOG, 10, None)
+    assert console._take_lines()[0].startswith("uploads are slower than the run logs")
+    console.count_loss("spooled", "traces", BACKLOG, 230, None)
+    console.count_loss("failed", "traces", "invalid_record", 1, None)  # a first line, before the backlog's
+    now[0] += 30.0
+    assert console._take_lines() == [
+        "1 records not stored (invalid_record)",
+        "230 more records waited on disk for the link (the run uploads them from there) (backlog) in the last "
+        "30 s; 240 in all; 240 wait on disk, uploaded from there at 3.9 MB/s; 12 in memory (~48.0 MB)",
+    ]
+    # A status that fails leaves the line as it was.
+    console.backlog_status = lambda: 1 / 0  # type: ignore[assignment,return-value]
+    console.count_loss("spooled", "traces", BACKLOG, 5, None)
+    now[0] += 30.0
+    assert console._take_lines() == [
+        "5 more records waited on disk for the link (the run uploads them from there) (backlog) in the last "
+        "30 s; 245 in all"
+    ]
     console.close()
 
 

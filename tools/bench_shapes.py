@@ -77,7 +77,7 @@ done.set()
 traces = run.stats()["sinks"]["traces"]
 written = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(runs) for f in files if ".jsonl" in f)
 print(json.dumps({"elapsed_s": elapsed, "peak_above_mb": (peak[0] - start) / 1e6,
-                  "dropped": sum(run.stats()["dropped"].values()), "stored": traces["stored"] + traces.get("resynced", 0),
+                  "dropped": sum(run.stats()["dropped"].values()), "stored": traces["stored"],
                   "spooled": traces["spooled"], "disk_mb": written / 1e6, "mb": int(count) * float(size)}))
 """
 
@@ -119,7 +119,8 @@ def main() -> None:
                         print(
                             f"{name} round {round_} {shape:6}: {rate:6.1f} MB/s logged to finished, "
                             f"stored {r['stored']}, on disk {r['spooled']}, dropped {r['dropped']}, "
-                            f"{r['disk_mb']:.0f} MB written to the run directory, peak RSS +{r['peak_above_mb']:.0f} MB",
+                            f"{r['disk_mb']:.0f} MB written to the run directory, "
+                            f"peak RSS +{r['peak_above_mb']:.0f} MB",
                             flush=True,
                         )
                 what = "throughput" if name == "fast" else "stored by the deadline"

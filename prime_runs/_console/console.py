@@ -40,6 +40,8 @@ PREFIX = "prime-runs: "
 CLOSE_WAIT_S = 1.0
 
 logger = logging.getLogger(CONSOLE_LOGGER)
+# The console's own troubles: never on the console logger, whose lines the user reads.
+_internal = logging.getLogger(__name__)
 
 _VERBS = {"failed": "not stored", "dropped": "dropped", "spooled": "kept on disk for a later upload"}
 
@@ -155,6 +157,9 @@ class Console:
         self.clock = clock
         #: Set when finish() starts: its summary says what the deadline left, line by line would be noise.
         self.finishing = False
+        #: What waits where while the uploads are behind, added to the backlog's repeated line (set by
+        #: ``init()``; called off the console's lock, and a failure only leaves it out).
+        self.backlog_status: Callable[[], str | None] | None = None
         self._setup()
         call_in_forked_child(self._setup)
 
@@ -250,18 +255,33 @@ class Console:
 
     def _take_lines(self, *, counts: bool = True) -> list[str]:
         now = self.clock()
+        backlog: int | None = None
         with self._lock:
             lines, self._pending = self._pending, []
             if not counts:
                 return lines
             for (kind, reason), tally in self._tallies.items():
                 if tally.total > tally.shown and now - tally.shown_at >= self.repeat_interval_s:
+                    if (kind, reason) == ("spooled", BACKLOG):
+                        backlog = len(lines)
                     lines.append(
                         f"{tally.total - tally.shown} more records {_verb(kind, reason)} ({reason}) "
                         f"in the last {now - tally.shown_at:.0f} s; {tally.total} in all"
                     )
                     tally.shown, tally.shown_at = tally.total, now
-            return lines
+        status = self._backlog_status() if backlog is not None else None
+        if backlog is not None and status:
+            lines[backlog] += f"; {status}"
+        return lines
+
+    def _backlog_status(self) -> str | None:
+        if self.backlog_status is None:
+            return None
+        try:
+            return self.backlog_status()
+        except Exception:  # noqa: BLE001  (a report must never cost the line it adds to)
+            _internal.debug("the backlog's status failed", exc_info=True)
+            return None
 
     def close(self) -> None:
         """Write what is pending (first lines, not counts: the summary has them) and stop the thread."""

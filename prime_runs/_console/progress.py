@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
 
 TTY_INTERVAL_S = 0.2
 PLAIN_INTERVAL_S = 10.0
@@ -22,6 +22,16 @@ def human_bytes(size: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     raise AssertionError("unreachable")
+
+
+def backlog_status(stats: Mapping[str, Any], sink: str = "traces") -> str:
+    """What waits where while the uploads are behind, from ``run.stats()``: on disk, its drain rate, in memory."""
+    counts = stats["sinks"].get(sink, {})
+    return (
+        f"{counts.get('spooled', 0)} wait on disk, uploaded from there at "
+        f"{human_bytes(counts.get('drain_bytes_per_s', 0.0))}/s; {stats['queued_records']} in memory "
+        f"(~{human_bytes(stats['held_memory_bytes'])})"
+    )
 
 
 def human_duration(seconds: float) -> str:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prime_runs._console.console import CONSOLE_CHOICES, Console, console_on
+from prime_runs._console.progress import backlog_status
 from prime_runs._console.summary import destination_line
 from prime_runs._local.disk_budget import DiskBudget, default_max_spool_bytes
 from prime_runs._local.rundir import check_run_id, runs_root
@@ -269,6 +272,7 @@ def init(
         platform_url=platform.config.api_prefix if platform is not None else None,
     )
     run._sealed_files = parts.files.sealed
+    run.console.backlog_status = functools.partial(_backlog_status, weakref.ref(run))
     if chosen == "online":
         parts.files.on_first_write = run._directory_needed
     if chosen == "offline" or save_local:
@@ -295,6 +299,11 @@ def init(
             "init(dir=...) or set PRIME_RUNS_DIR to a writable directory",
         )
     return run
+
+
+def _backlog_status(ref: weakref.ref[Run]) -> str | None:
+    run = ref()  # the console must not keep the run alive
+    return backlog_status(run.stats()) if run is not None else None
 
 
 def resolve_mode(mode: str | None, *, online_configured: bool, environ: Mapping[str, str] | None = None) -> str:

@@ -237,13 +237,17 @@ class UploadWorker:
         return run_in_daemon(keep, f"{self.name}-keep")
 
     def stats(self) -> dict[str, Any]:
-        """Queued, stored, dropped, failed by sink and reason, submit latency; the bytes the held records take."""
+        """Queued, stored, dropped, failed by sink and reason, submit latency; the bytes the held records take.
+
+        ``held_bytes`` in JSON, ``held_memory_bytes`` as Python objects (by the meter's measured expansion).
+        """
         snap = self.accounting.snapshot()
         queue = self._queue
         snap.update(
             queued_records=queue.queued_records,
             queued_bytes=int(queue.queued_bytes),
             held_bytes=int(queue.held_bytes),
+            held_memory_bytes=int(queue.held_bytes * self.meter.expansion),
             peak_held_bytes=int(queue.peak_held_bytes),
             in_flight_records=self._in_flight.in_flight_records(),
             retired_sinks=sorted(self.delivery.retired),
