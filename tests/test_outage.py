@@ -5,9 +5,11 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from _run_helpers import (  # noqa: F401  (fixtures are used by name)
+    GATE_TIMEOUT_S,
     KEY,
     assert_buckets,
     episodes,
@@ -18,8 +20,14 @@ from _run_helpers import (  # noqa: F401  (fixtures are used by name)
     sink_counts,
     stored_episodes,
 )
+from _wire import episode, trace
+from test_traces_sink import STAMP, ledger_for, stored_ids
 
 from prime_runs import cli
+from prime_runs._local.spool import RecordFiles, Spool
+from prime_runs._sinks import outage as outage_module
+from prime_runs._sinks.outage import Outage
+from prime_traces import TracesClient
 from prime_traces.server import LocalTracesService
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -128,3 +136,46 @@ def test_a_refused_key_retires_the_sink_at_once_and_keeps_the_rest_of_the_run(is
     service.state.api_key = None
     assert cli.main(["sync", "--api-key", KEY, "--base-url", service.url, run.dir]) == 0
     assert stored_episodes(service) == {e["id"]: 1 for e in first} | {i: 1 for i in later}
+
+
+def _spill(spool: Spool, prefix: str) -> None:
+    records: list[Any] = [episode(f"{prefix}{i}", [trace(f"{prefix}{i}-t0")]) for i in range(3)]
+    _, ledger = ledger_for(len(records))
+    ledger.undelivered(range(len(records)), "backlog")
+    assert spool.spill(records, "episode", ledger, ledger.take_undelivered("backlog"), None) == 3
+
+
+def test_a_spill_while_the_drain_is_on_its_way_out_is_uploaded_by_the_next_drain(tmp_path, monkeypatch):
+    # The drain found nothing new and is ending (its client closing) when records are spooled and finish()
+    # waits for the drain: a new drain uploads them. Told to the ending one, they were left for a sync.
+    closing, go_on = threading.Event(), threading.Event()
+    held: list[bool] = []
+
+    class HeldClose(TracesClient):
+        def close(self) -> None:
+            if not held:  # the first drain's client only
+                held.append(True)
+                closing.set()
+                go_on.wait(GATE_TIMEOUT_S)
+            super().close()
+
+    monkeypatch.setattr(outage_module, "TracesClient", HeldClose)
+    files = RecordFiles(str(tmp_path / "run-77"))
+    with LocalTracesService(tmp_path / "db") as svc, TracesClient(api_key="k", base_url=svc.url) as client:
+        outage = Outage(client, Spool(files, STAMP))
+        try:
+            _spill(outage.spool, "a")
+            outage.fall_behind("a test")
+            outage.spilled()  # behind a slow link: a drain uploads what was spooled
+            assert closing.wait(GATE_TIMEOUT_S), "the first drain did not end"
+            _spill(outage.spool, "b")
+            done: list[bool] = []
+            waiter = threading.Thread(target=lambda: done.append(outage.wait_for_resync(None)))
+            waiter.start()
+            waiter.join(GATE_TIMEOUT_S / 2)  # the ending drain is held: only a new one can finish this wait
+            assert done == [True], "finish() waited for a drain that was ending"
+            assert sorted(stored_ids(svc)) == ["a0", "a1", "a2", "b0", "b1", "b2"]
+        finally:
+            go_on.set()
+            outage.close()
+            files.close()

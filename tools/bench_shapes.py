@@ -67,6 +67,8 @@ pace = threading.Event()
 for i in range(int(count)):
     episode = orjson.loads(texts[i % 4])
     episode["id"] = f"ep-{i}"
+    for k, member in enumerate(episode["traces"]):
+        member["id"] = f"ep-{i}-t{k}"
     run.log_episodes([episode])
     del episode
     if float(per_s):
@@ -77,7 +79,7 @@ done.set()
 traces = run.stats()["sinks"]["traces"]
 written = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(runs) for f in files if ".jsonl" in f)
 print(json.dumps({"elapsed_s": elapsed, "peak_above_mb": (peak[0] - start) / 1e6,
-                  "dropped": sum(run.stats()["dropped"].values()), "stored": traces["stored"],
+                  "dropped": sum(run.stats()["dropped"].values()), "stored": traces["stored"], "failed": traces["failed"],
                   "spooled": traces["spooled"], "disk_mb": written / 1e6, "mb": int(count) * float(size)}))
 """
 
@@ -118,7 +120,7 @@ def main() -> None:
                         rates[shape].append(rate if name == "fast" else r["stored"])
                         print(
                             f"{name} round {round_} {shape:6}: {rate:6.1f} MB/s logged to finished, "
-                            f"stored {r['stored']}, on disk {r['spooled']}, dropped {r['dropped']}, "
+                            f"stored {r['stored']}, failed {r['failed']}, on disk {r['spooled']}, dropped {r['dropped']}, "
                             f"{r['disk_mb']:.0f} MB written to the run directory, "
                             f"peak RSS +{r['peak_above_mb']:.0f} MB",
                             flush=True,

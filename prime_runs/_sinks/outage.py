@@ -96,6 +96,10 @@ class Outage:
         self._closed = threading.Event()
         self._probe: threading.Thread | None = None
         self._resync: threading.Thread | None = None
+        # A drain is running and has not decided to end: a spill now makes it pass again. Cleared under
+        # the lock where it decides, so a spill after that starts a new drain (never a wake-up lost to
+        # a thread on its way out).
+        self._draining = False
         self._resync_client: TracesClient | None = None
         # A spill came while a drain was running: it passes over the spool once more before it ends.
         self._more = False
@@ -199,7 +203,7 @@ class Outage:
         with self._lock:
             if self._closed.is_set():
                 return
-            if self._resync is not None and self._resync.is_alive():
+            if self._draining:
                 self._more = True
                 return
             if not self.spool.files.own_files():
@@ -215,9 +219,11 @@ class Outage:
                 in_flight = 1
             self._resync_client = TracesClient(config.api_key, config.base_url, config.team_id, max_in_flight=in_flight)
             self._more = False
+            self._draining = True
             try:
                 self._resync = start_daemon(self._drain, "prime-runs-resync")
             except RuntimeError as err:  # no new threads (interpreter shutdown): the files wait for a sync
+                self._draining = False
                 logger.warning(
                     "cannot upload what was kept in %s now (%s); `prime-runs sync %s` will",
                     self.spool.directory,
@@ -230,26 +236,36 @@ class Outage:
     def _drain(self) -> None:
         client = self._resync_client
         assert client is not None
-        started = self._drain_started = time.monotonic()
+        started = time.monotonic()
+        with self._lock:
+            self._drain_started = started
+        caught_up = False
         try:
-            while not self._closed.is_set():
-                uploaded = self._pass(client)
-                if uploaded is None:
-                    return
+            while True:
+                uploaded = None if self._closed.is_set() else self._pass(client)
                 with self._lock:
-                    if uploaded or self._more:
+                    if uploaded is not None and (uploaded or self._more):
                         self._more = False
                         continue
-                    caught_up = self._behind.is_set()
-                    self._behind.clear()  # nothing new came during a pass that sent nothing: writes go live
-                if caught_up:
-                    logger.warning("the uploads caught up with the run; records go straight to the service again")
-                return
-        finally:
+                    if uploaded is not None:
+                        caught_up = self._behind.is_set()
+                        self._behind.clear()  # nothing new came during a pass that sent nothing: writes go live
+                    self._drained(started)
+                    break
+        except BaseException:
             with self._lock:
-                self._drain_s += time.monotonic() - started
-                self._drain_started = None
+                self._drained(started)
+            raise
+        finally:
             client.close()
+        if caught_up:
+            logger.warning("the uploads caught up with the run; records go straight to the service again")
+
+    def _drained(self, started: float) -> None:
+        # Under the lock: the drain ends here, and a spill from now on starts the next one.
+        self._drain_s += time.monotonic() - started
+        self._drain_started = None
+        self._draining = False
 
     def _pass(self, client: TracesClient) -> int | None:
         """One pass over this process's spool files; the records it uploaded, or None if it must stop."""
@@ -320,7 +336,7 @@ class Outage:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            draining = self._resync is not None and self._resync.is_alive()
+            draining = self._draining
             started = self._drain_started
             drain_s = self._drain_s + (time.monotonic() - started if started is not None else 0.0)
         return {
