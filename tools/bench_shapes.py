@@ -1,22 +1,24 @@
 """Which shape for the backlog: every batch to disk first, or disk only past a memory budget?
 
 Two runs of the same code, alternated, each in a process of its own against
-``prime-traces serve`` in another:
+``prime-traces serve --store none`` in another:
 
 - ``memory``: the run as it ships: records wait in memory (bounded by
   ``max_queued_bytes``) and go to the run directory only when the uploads fall
   behind (past half the bound);
 - ``disk``: every write goes to the run directory first and is uploaded from
   there (the run is put behind a slow link at ``init()`` and never catches
-  up; its drain uses every upload slot), as a write-ahead log would.
+  up; its drain uses every upload slot, or two behind a slow link as the
+  backlog's does), as a write-ahead log would.
 
 Two scenarios: ``fast``, no link limit (``--episodes`` parsed episodes of
 ``--episode-mb`` MB logged back to back, ``finish()`` waits for all): the
 throughput from the first log to the end of ``finish()``; ``slow``, a
-``--link-mb-s`` link (300 episodes of 1 MB logged at 20 MB/s, ``finish()``
-gets ``--finish-s``): what is stored by then, what waits on disk, what was
-dropped. Each reports peak RSS above the start and the bytes written to the
-run directory. Run it from the checkout (its ``.venv``)::
+``--link-mb-s`` link (compressed bytes: about five times as many of JSON;
+300 episodes of 1 MB logged at 20 MB/s, ``finish()`` gets ``--finish-s``):
+what is stored by then, what waits on disk, what was dropped. Each reports
+peak RSS above the start and the bytes written to the run directory. Run it
+from the checkout (its ``.venv``)::
 
     .venv/bin/python tools/bench_shapes.py --rounds 2
 """
@@ -41,7 +43,7 @@ import orjson
 import prime_runs
 from prime_runs.cli.workload import generate_episode
 
-url, runs, shape, count, size, per_s, finish_s = sys.argv[1:8]
+url, runs, shape, count, size, per_s, finish_s, all_slots = sys.argv[1:9]
 texts = [orjson.dumps(generate_episode(i, target_bytes=int(float(size) * 1e6))) for i in range(4)]
 page = os.sysconf("SC_PAGE_SIZE")
 def rss():
@@ -59,7 +61,8 @@ if shape == "disk":
     (sink,) = [s for s in run._worker.sinks if getattr(s, "outage", None) is not None]
     sink.outage._behind = Sticky()
     sink.outage._behind.set()
-    sink.outage._signalled = True  # the drain uses every slot, as a write-ahead log's uploader would
+    # Without a link limit the drain uses every slot; behind a slow link two, as the backlog's drain does.
+    sink.outage._signalled = all_slots == "1"
 start = rss()
 threading.Thread(target=sample, daemon=True).start()
 began = time.monotonic()
@@ -79,7 +82,8 @@ done.set()
 traces = run.stats()["sinks"]["traces"]
 written = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(runs) for f in files if ".jsonl" in f)
 print(json.dumps({"elapsed_s": elapsed, "peak_above_mb": (peak[0] - start) / 1e6,
-                  "dropped": sum(run.stats()["dropped"].values()), "stored": traces["stored"], "failed": traces["failed"],
+                  "dropped": sum(run.stats()["dropped"].values()), "stored": traces["stored"],
+                  "failed": traces["failed"],
                   "spooled": traces["spooled"], "disk_mb": written / 1e6, "mb": int(count) * float(size)}))
 """
 
@@ -95,18 +99,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--episode-mb", type=float, default=6.0)
-    parser.add_argument("--link-mb-s", type=float, default=4.0)
+    parser.add_argument("--link-mb-s", type=float, default=1.0, help="compressed MB/s (about 5x that of JSON)")
     parser.add_argument("--finish-s", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scenarios", default="fast,slow")
     args = parser.parse_args()
     python = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
-        fast, fast_url = start_serve(os.path.join(tmp, "fast.db"))
-        slow, slow_url = start_serve(os.path.join(tmp, "slow.db"), "--link-mb-s", str(args.link_mb_s))
+        # No storage (as the load test's service): the service is not the limit, the client and the link are.
+        fast, fast_url = start_serve(os.path.join(tmp, "fast.db"), "--store", "none")
+        slow, slow_url = start_serve(
+            os.path.join(tmp, "slow.db"), "--store", "none", "--link-mb-s", str(args.link_mb_s)
+        )
         scenarios = {
-            "fast": (fast_url, [str(args.episodes), str(args.episode_mb), "0", "600"]),
-            "slow": (slow_url, ["300", "1", "20", str(args.finish_s)]),
+            "fast": (fast_url, [str(args.episodes), str(args.episode_mb), "0", "600", "1"]),
+            "slow": (slow_url, ["300", "1", "20", str(args.finish_s), "0"]),
         }
         try:
             for name in args.scenarios.split(","):
@@ -120,7 +127,8 @@ def main() -> None:
                         rates[shape].append(rate if name == "fast" else r["stored"])
                         print(
                             f"{name} round {round_} {shape:6}: {rate:6.1f} MB/s logged to finished, "
-                            f"stored {r['stored']}, failed {r['failed']}, on disk {r['spooled']}, dropped {r['dropped']}, "
+                            f"stored {r['stored']}, failed {r['failed']}, on disk {r['spooled']}, "
+                            f"dropped {r['dropped']}, "
                             f"{r['disk_mb']:.0f} MB written to the run directory, "
                             f"peak RSS +{r['peak_above_mb']:.0f} MB",
                             flush=True,

@@ -38,6 +38,9 @@ class SinkCounts:
     details: dict[str, str] = field(default_factory=dict)
     #: Spooled records the run itself uploaded later (counted in ``stored``, no longer in ``spooled``).
     resynced: int = 0
+    #: Records the run uploaded from disk before their spill was counted (the drain reads each entry as
+    #: soon as it is durable, the ledger counts the write once it is whole): moved to ``stored`` then.
+    resync_credit: int = 0
     bytes_sent: int = 0
 
     @property
@@ -105,17 +108,26 @@ class Accounting:
     def count_spooled(self, sink: str, records: int, reason: str) -> None:
         if records:
             with self._lock:
-                self.sinks[sink].spooled[reason] += records
+                counts = self.sinks[sink]
+                counts.spooled[reason] += records
+                uploaded = min(counts.resync_credit, records)  # already uploaded from disk by the run
+                counts.resync_credit -= uploaded
+                counts.resynced += uploaded
+                counts.stored += uploaded
             self._tell_loss("spooled", sink, reason, records, None)
 
     def count_resynced(self, sink: str, records: int, bytes_sent: int = 0) -> None:
-        """``records`` spooled earlier are stored now: moved from ``spooled`` to ``stored``."""
+        """``records`` spooled earlier are stored now: moved from ``spooled`` to ``stored``.
+
+        Those whose spill is not counted yet wait as a credit, moved when it is.
+        """
         if records:
             with self._lock:
                 counts = self.sinks[sink]
-                records = min(records, counts.spooled_total)
-                counts.resynced += records
-                counts.stored += records
+                moved = min(records, counts.spooled_total)
+                counts.resync_credit += records - moved
+                counts.resynced += moved
+                counts.stored += moved
                 counts.bytes_sent += bytes_sent
 
     @property
