@@ -28,6 +28,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rss import SAMPLER
 from _serve import start_serve
 
 CHILD = """
@@ -42,18 +43,10 @@ url, runs, count, size, bound, finish_s, burst, per_call = sys.argv[1:9]
 # faster than any encoder); otherwise each is generated in turn (slower than the encoder).
 target = int(float(size) * 1e6)
 texts = [orjson.dumps(generate_episode(i, target_bytes=target)) for i in range(4)] if burst == "1" else []
-page = os.sysconf("SC_PAGE_SIZE")
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * page
-peak, done = [0], threading.Event()
-def sample():
-    while not done.wait(0.005):
-        peak[0] = max(peak[0], rss())
 run = prime_runs.init("memory", environments=["e"], base_url=url, api_key="k", dir=runs, console="off",
                       max_queued_bytes=int(bound))
 start = rss()
-threading.Thread(target=sample, daemon=True).start()
+start_sampling()
 batch = []
 for i in range(int(count)):
     episode = orjson.loads(texts[i % 4]) if texts else generate_episode(i, target_bytes=target)
@@ -108,7 +101,7 @@ def main() -> None:
                     command = [
                         python,
                         "-c",
-                        textwrap.dedent(CHILD),
+                        SAMPLER + textwrap.dedent(CHILD),
                         url,
                         os.path.join(tmp, f"runs-{round_}-{n}"),
                         str(args.episodes),

@@ -35,6 +35,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rss import SAMPLER
 from _serve import start_serve
 
 CHILD = """
@@ -45,14 +46,6 @@ from prime_runs.cli.workload import generate_episode
 
 url, runs, shape, count, size, per_s, finish_s, all_slots = sys.argv[1:9]
 texts = [orjson.dumps(generate_episode(i, target_bytes=int(float(size) * 1e6))) for i in range(4)]
-page = os.sysconf("SC_PAGE_SIZE")
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * page
-peak, done = [0], threading.Event()
-def sample():
-    while not done.wait(0.005):
-        peak[0] = max(peak[0], rss())
 run = prime_runs.init("shapes", environments=["e"], base_url=url, api_key="k", dir=runs, console="off")
 if shape == "disk":
     class Sticky(threading.Event):
@@ -64,7 +57,7 @@ if shape == "disk":
     # Without a link limit the drain uses every slot; behind a slow link two, as the backlog's drain does.
     sink.outage._signalled = all_slots == "1"
 start = rss()
-threading.Thread(target=sample, daemon=True).start()
+start_sampling()
 began = time.monotonic()
 pace = threading.Event()
 for i in range(int(count)):
@@ -89,7 +82,7 @@ print(json.dumps({"elapsed_s": elapsed, "peak_above_mb": (peak[0] - start) / 1e6
 
 
 def child(python: str, url: str, runs: str, shape: str, args: list[str], cwd: str) -> dict[str, float]:
-    command = [python, "-c", textwrap.dedent(CHILD), url, runs, shape, *args]
+    command = [python, "-c", SAMPLER + textwrap.dedent(CHILD), url, runs, shape, *args]
     # cwd: ``-c`` puts the working directory first on sys.path, where a checkout would shadow the packages.
     out = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
